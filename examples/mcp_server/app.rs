@@ -1,0 +1,194 @@
+//! The example MCP server's application: a backend with tools of very different cost, served
+//! by rmcp's streamable HTTP service nested in an axum Router and wrapped by stormgate.
+//! Shared by `main.rs` and the integration tests.
+
+#![allow(dead_code)] // some items are used only by the integration tests
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock, ServerCapabilities, ServerConfig};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, ServerHandler, schemars, tool, tool_handler, tool_router};
+use serde::Deserialize;
+use stormgate::classify::ClassifyLayer;
+use tokio::sync::Semaphore;
+
+/// Connections in the shared database pool.
+pub(crate) const POOL_SIZE: usize = 4;
+/// How long `sql_scan` holds a connection.
+pub(crate) const SQL_HOLD: Duration = Duration::from_millis(200);
+/// How long `sql_scan` waits for a connection before it fails.
+pub(crate) const POOL_WAIT_LIMIT: Duration = Duration::from_secs(2);
+/// How long `vector_search` takes.
+pub(crate) const VECTOR_LATENCY: Duration = Duration::from_millis(50);
+
+/// The simulated backend every session shares: a small SQL pool and an order book.
+#[derive(Debug)]
+pub(crate) struct Backend {
+    pool: Semaphore,
+    orders: AtomicU64,
+    scans: AtomicU64,
+}
+
+impl Backend {
+    /// A backend with a pool of [`POOL_SIZE`] connections.
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Backend {
+            pool: Semaphore::new(POOL_SIZE),
+            orders: AtomicU64::new(0),
+            scans: AtomicU64::new(0),
+        })
+    }
+
+    /// Orders created so far.
+    pub(crate) fn orders(&self) -> u64 {
+        self.orders.load(Ordering::SeqCst)
+    }
+
+    /// `sql_scan` calls that got a connection and ran.
+    pub(crate) fn scans(&self) -> u64 {
+        self.scans.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub(crate) struct CacheGet {
+    /// The cache key.
+    pub(crate) key: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub(crate) struct VectorSearch {
+    /// The search text.
+    pub(crate) query: String,
+    /// How many hits to return (default 3).
+    pub(crate) top_k: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub(crate) struct SqlScan {
+    /// The table to scan.
+    pub(crate) table: String,
+    /// A filter expression.
+    pub(crate) filter: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub(crate) struct CreateOrder {
+    /// What to order.
+    pub(crate) item: String,
+    /// How many.
+    pub(crate) quantity: u32,
+}
+
+/// The MCP tools.
+#[derive(Debug, Clone)]
+pub(crate) struct Tools {
+    backend: Arc<Backend>,
+    tool_router: ToolRouter<Self>,
+}
+
+#[tool_router]
+impl Tools {
+    /// Tools over `backend`.
+    pub(crate) fn new(backend: Arc<Backend>) -> Self {
+        Tools {
+            backend,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    #[tool(description = "Read a key from the cache (cheap, instant)")]
+    async fn cache_get(&self, Parameters(CacheGet { key }): Parameters<CacheGet>) -> String {
+        format!("cached:{key}")
+    }
+
+    #[tool(description = "Semantic search over the document index (about 50 ms)")]
+    async fn vector_search(
+        &self,
+        Parameters(VectorSearch { query, top_k }): Parameters<VectorSearch>,
+    ) -> String {
+        tokio::time::sleep(VECTOR_LATENCY).await;
+        let hits: Vec<String> = (1..=top_k.unwrap_or(3))
+            .map(|i| format!("doc-{i} for {query:?}"))
+            .collect();
+        hits.join("\n")
+    }
+
+    #[tool(
+        description = "Scan a database table (heavy: holds one of 4 shared pool connections for about 200 ms; fails when the pool wait passes 2 s)"
+    )]
+    async fn sql_scan(
+        &self,
+        Parameters(SqlScan { table, filter }): Parameters<SqlScan>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let started = tokio::time::Instant::now();
+        let permit = match tokio::time::timeout(POOL_WAIT_LIMIT, self.backend.pool.acquire()).await
+        {
+            Ok(permit) => permit.expect("pool is never closed"),
+            Err(_) => {
+                return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                    "connection pool exhausted: waited {} ms for a connection",
+                    started.elapsed().as_millis()
+                ))]));
+            }
+        };
+        let waited = started.elapsed();
+        tokio::time::sleep(SQL_HOLD).await;
+        drop(permit);
+        self.backend.scans.fetch_add(1, Ordering::SeqCst);
+        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+            "scanned {table} where {} (pool wait {} ms)",
+            filter.as_deref().unwrap_or("true"),
+            waited.as_millis()
+        ))]))
+    }
+
+    #[tool(description = "Create an order (a non-idempotent write)")]
+    async fn create_order(
+        &self,
+        Parameters(CreateOrder { item, quantity }): Parameters<CreateOrder>,
+    ) -> String {
+        let id = self.backend.orders.fetch_add(1, Ordering::SeqCst) + 1;
+        format!("order {id}: {quantity} x {item}")
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Tools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+}
+
+/// rmcp's streamable HTTP service over `backend`, with no protection.
+pub(crate) fn mcp_service(
+    backend: Arc<Backend>,
+) -> StreamableHttpService<Tools, LocalSessionManager> {
+    StreamableHttpService::new(
+        move || Ok(Tools::new(backend.clone())),
+        Default::default(),
+        StreamableHttpServerConfig::default().with_sse_keep_alive(None),
+    )
+}
+
+/// The MCP endpoint at `/mcp`, with no protection: add stormgate layers around it.
+pub(crate) fn mcp_router(backend: Arc<Backend>) -> Router {
+    Router::new().nest_service("/mcp", mcp_service(backend))
+}
+
+/// The whole example application: `/mcp` wrapped by stormgate, and `/metrics`.
+pub(crate) fn app(backend: Arc<Backend>, metrics: PrometheusHandle) -> Router {
+    mcp_router(backend).layer(ClassifyLayer::new()).route(
+        "/metrics",
+        get(move || std::future::ready(metrics.render())),
+    )
+}

@@ -1,0 +1,69 @@
+use std::fmt;
+use std::sync::Arc;
+
+use tower::Layer;
+
+use super::Admit;
+use crate::call::Call;
+use crate::rejection::Rejection;
+
+/// A non-waiting admission decision for one request call.
+pub trait Admission: Send + Sync + 'static {
+    /// Held while the call runs; dropped when the inner service's response head arrives.
+    type Permit: Send + 'static;
+
+    /// Admits `call` or says why not. Must not block.
+    fn admit(&self, call: &Call) -> Result<Self::Permit, Rejection>;
+}
+
+impl<F> Admission for F
+where
+    F: Fn(&Call) -> Result<(), Rejection> + Send + Sync + 'static,
+{
+    type Permit = ();
+
+    fn admit(&self, call: &Call) -> Result<(), Rejection> {
+        self(call)
+    }
+}
+
+/// Applies an [`Admission`] to every request call. See the [module docs](crate::admit).
+pub struct AdmitLayer<A> {
+    admission: Arc<A>,
+}
+
+impl<A> AdmitLayer<A> {
+    /// A layer whose services all share `admission`.
+    pub fn new(admission: A) -> Self {
+        AdmitLayer {
+            admission: Arc::new(admission),
+        }
+    }
+
+    /// A layer sharing an admission you keep a handle to.
+    pub fn from_arc(admission: Arc<A>) -> Self {
+        AdmitLayer { admission }
+    }
+}
+
+impl<A> Clone for AdmitLayer<A> {
+    fn clone(&self) -> Self {
+        AdmitLayer {
+            admission: self.admission.clone(),
+        }
+    }
+}
+
+impl<A> fmt::Debug for AdmitLayer<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdmitLayer").finish_non_exhaustive()
+    }
+}
+
+impl<S, A> Layer<S> for AdmitLayer<A> {
+    type Service = Admit<S, A>;
+
+    fn layer(&self, inner: S) -> Admit<S, A> {
+        Admit::new(inner, self.admission.clone())
+    }
+}

@@ -1,0 +1,48 @@
+//! The admit layer: a non-waiting admission check per call, with the rejection contract.
+//!
+//! An [`Admission`] decides, for each request [`Call`](crate::Call) of a classified body, to
+//! admit it (returning a permit held until the inner service answers) or to refuse it with a
+//! [`Rejection`](crate::Rejection). [`AdmitLayer`] applies it and owns everything the
+//! rejection contract requires, so every non-waiting stage of stormgate (and yours) is just an
+//! `Admission`:
+//!
+//! * a refused call never reaches the inner service: nothing half-executed;
+//! * a single refused request is answered at once: HTTP 200, a JSON-RPC error echoing its id,
+//!   `Retry-After` in whole seconds rounded up;
+//! * in a batch, each refused element gets its own answer element; the admitted elements (and
+//!   every notification, response and invalid element, exactly as sent) are forwarded as a
+//!   smaller batch, and the answers are merged into the inner service's answer;
+//! * notifications and client responses are never checked, charged or answered with an error;
+//! * requests that were not classified (non-MCP routes, GET, DELETE) pass unchecked.
+//!
+//! Permits are dropped when the inner service's response *head* arrives, not when a streamed
+//! body ends: admission stages charge budgets, they do not hold capacity.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{Router, routing::post};
+//! use stormgate::{Call, Reason, Rejection, Scope};
+//! use stormgate::admit::AdmitLayer;
+//! use stormgate::classify::ClassifyLayer;
+//!
+//! // Refuse every call of the `drop_table` tool.
+//! let deny = AdmitLayer::new(|call: &Call| match call.tool.as_deref() {
+//!     Some("drop_table") => Err(Rejection::new(
+//!         Reason::CircuitOpen,
+//!         Scope::Tool,
+//!         Duration::from_secs(60),
+//!     )),
+//!     _ => Ok(()),
+//! });
+//! let app: Router = Router::new()
+//!     .route("/mcp", post(|| async { "{}" }))
+//!     .layer(deny)
+//!     .layer(ClassifyLayer::new()); // outermost: classify first
+//! ```
+
+pub mod future;
+mod layer;
+mod service;
+
+pub use layer::{Admission, AdmitLayer};
+pub use service::Admit;

@@ -1,0 +1,393 @@
+//! What the classifier learns about one JSON-RPC message, and who sent it.
+//!
+//! The [`ClassifyLayer`](crate::classify::ClassifyLayer) attaches a [`Calls`] to the request
+//! extensions of every MCP POST it could parse: one [`Call`] per JSON-RPC message (a batch
+//! has several). Every layer below reads it instead of parsing the body again.
+//!
+//! # Identity
+//!
+//! * **Tenant**: the [`Tenant`] request extension, which *your* authentication layer sets
+//!   (outside stormgate) once it knows who the caller is. Only when configured
+//!   ([`DefaultIdentity::tenant_header`]) is it read from a header, and otherwise it is
+//!   `"anonymous"`. A header is not trusted by default because the client chooses it: an agent
+//!   that is being throttled could name another tenant, or a fresh one per call, and escape its
+//!   tenant's budget or spend someone else's. Trust a header only when a proxy you run sets it
+//!   and strips the client's copy.
+//! * **Session**: the `Mcp-Session-Id` header, else a configurable key of `params._meta`
+//!   (MCP 2026-07-28 has no sessions), else the tenant.
+//!
+//! Users with their own scheme implement [`Identify`].
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::HeaderName;
+use http::request::Parts;
+use serde_json::value::RawValue;
+
+use crate::mcp::ProtocolVersion;
+use crate::rejection::RejectionFormat;
+
+/// The tenant a call is charged to. Insert it as a request extension from your auth layer.
+///
+/// ```
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert(stormgate::Tenant::new("acme"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tenant(Arc<str>);
+
+impl Tenant {
+    /// A tenant with this name.
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Tenant(name.into())
+    }
+
+    /// The tenant every unauthenticated call belongs to.
+    pub fn anonymous() -> Self {
+        Tenant(Arc::from("anonymous"))
+    }
+
+    /// The tenant's name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Tenant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The agent session a call belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(Arc<str>);
+
+impl SessionId {
+    /// A session with this id.
+    pub fn new(id: impl Into<Arc<str>>) -> Self {
+        SessionId(id.into())
+    }
+
+    /// The session id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A JSON-RPC id exactly as the client wrote it (number, string or null), echoed verbatim.
+#[derive(Debug, Clone)]
+pub struct RequestId(Box<RawValue>);
+
+impl RequestId {
+    /// Parses an id from its JSON text.
+    pub fn from_json(json: &str) -> Result<Self, serde_json::Error> {
+        RawValue::from_string(json.trim().to_owned()).map(RequestId)
+    }
+
+    /// The id's JSON text, as sent.
+    pub fn as_json(&self) -> &str {
+        self.0.get()
+    }
+
+    pub(crate) fn from_raw(raw: Box<RawValue>) -> Self {
+        RequestId(raw)
+    }
+
+    pub(crate) fn raw(&self) -> &RawValue {
+        &self.0
+    }
+}
+
+impl PartialEq for RequestId {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_json() == other.as_json()
+    }
+}
+
+impl Eq for RequestId {}
+
+/// What kind of JSON-RPC message a [`Call`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallKind {
+    /// A request: has a method and an id, expects an answer. Only requests are charged.
+    Request,
+    /// A notification: a method without an id. Never charged, never answered with an error.
+    Notification,
+    /// A client's response to a server request (`result` or `error`). Never charged.
+    Response,
+    /// A batch element that is not a JSON-RPC message. Forwarded for the inner service to
+    /// answer; never charged.
+    Invalid,
+}
+
+/// One classified JSON-RPC message.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Call {
+    /// Request, notification or response.
+    pub kind: CallKind,
+    /// The JSON-RPC id (requests and responses).
+    pub id: Option<RequestId>,
+    /// The method (`tools/call`, `resources/read`, ...); `None` for responses.
+    pub method: Option<String>,
+    /// `params.name` of a `tools/call`.
+    pub tool: Option<String>,
+    /// `params.uri` of a `resources/read`.
+    pub resource: Option<String>,
+    /// `params.name` of a `prompts/get`.
+    pub prompt: Option<String>,
+    /// Who is charged.
+    pub tenant: Tenant,
+    /// The agent session.
+    pub session: SessionId,
+    /// The `MCP-Protocol-Version` the request declared, if any.
+    pub protocol_version: Option<ProtocolVersion>,
+    /// Weighted cost in budget units (1 until tool weights exist).
+    pub cost: u32,
+    /// The `Mcp-Method` / `Mcp-Name` headers disagreed with the body (the body won).
+    pub header_mismatch: bool,
+    /// Byte range of this message inside the request body.
+    pub(crate) span: Range<usize>,
+}
+
+impl CallKind {
+    /// The lower-case name used in metric labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CallKind::Request => "request",
+            CallKind::Notification => "notification",
+            CallKind::Response => "response",
+            CallKind::Invalid => "invalid",
+        }
+    }
+}
+
+impl Call {
+    /// A request with this method, id 1, the anonymous tenant and session, cost 1: for tests,
+    /// benches and custom classifiers.
+    pub fn request(method: impl Into<String>) -> Self {
+        Call {
+            kind: CallKind::Request,
+            id: Some(RequestId::from_json("1").expect("valid json")),
+            method: Some(method.into()),
+            tool: None,
+            resource: None,
+            prompt: None,
+            tenant: Tenant::anonymous(),
+            session: SessionId::new("anonymous"),
+            protocol_version: None,
+            cost: 1,
+            header_mismatch: false,
+            span: 0..0,
+        }
+    }
+
+    /// Sets the tool name (and makes it a `tools/call`).
+    pub fn with_tool(mut self, tool: impl Into<String>) -> Self {
+        self.method = Some("tools/call".into());
+        self.tool = Some(tool.into());
+        self
+    }
+
+    /// Sets the tenant.
+    pub fn with_tenant(mut self, tenant: Tenant) -> Self {
+        self.tenant = tenant;
+        self
+    }
+
+    /// Sets the session.
+    pub fn with_session(mut self, session: SessionId) -> Self {
+        self.session = session;
+        self
+    }
+
+    /// Whether this message is charged and may be rejected (only requests are).
+    pub fn is_chargeable(&self) -> bool {
+        self.kind == CallKind::Request
+    }
+
+    /// The name of what the call targets: the tool, resource uri or prompt name.
+    pub fn target(&self) -> Option<&str> {
+        self.tool
+            .as_deref()
+            .or(self.resource.as_deref())
+            .or(self.prompt.as_deref())
+    }
+}
+
+/// The classifier's output for one HTTP request: every JSON-RPC message of its body.
+///
+/// Attached to the request extensions by [`ClassifyLayer`](crate::classify::ClassifyLayer).
+/// Its absence means the request is not MCP (GET, DELETE, non-JSON, not JSON-RPC); such
+/// requests also carry an [`Unclassified`] marker when they were POSTs.
+#[derive(Debug, Clone)]
+pub struct Calls {
+    pub(crate) calls: Vec<Call>,
+    pub(crate) batch: bool,
+    pub(crate) body: Bytes,
+    pub(crate) format: Arc<RejectionFormat>,
+}
+
+impl Calls {
+    /// The messages, in body order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Call> {
+        self.calls.iter()
+    }
+
+    /// Mutable access, for layers that refine a call (for example its cost).
+    pub fn iter_mut(&mut self) -> std::slice::IterMut<'_, Call> {
+        self.calls.iter_mut()
+    }
+
+    /// How many messages the body holds.
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Whether the body holds no message (an empty batch).
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Whether the body was a JSON-RPC batch array.
+    pub fn is_batch(&self) -> bool {
+        self.batch
+    }
+
+    /// The one message of a non-batch body.
+    pub fn single(&self) -> Option<&Call> {
+        match (self.batch, self.calls.as_slice()) {
+            (false, [call]) => Some(call),
+            _ => None,
+        }
+    }
+
+    /// How rejections of these calls are written.
+    pub fn format(&self) -> &RejectionFormat {
+        &self.format
+    }
+
+    /// The body bytes of message `index`, exactly as sent.
+    pub(crate) fn raw(&self, index: usize) -> Bytes {
+        self.body.slice(self.calls[index].span.clone())
+    }
+}
+
+/// Marker extension on a POST the classifier could not read as JSON-RPC; it was forwarded as is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unclassified {
+    /// The body is not JSON.
+    NotJson,
+    /// The body is JSON but not a JSON-RPC message or batch of messages.
+    NotJsonRpc,
+}
+
+impl Unclassified {
+    /// The snake_case name used in metric labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Unclassified::NotJson => "not_json",
+            Unclassified::NotJsonRpc => "not_json_rpc",
+        }
+    }
+}
+
+/// The `params._meta` object of a message, read lazily.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Meta<'a>(Option<&'a RawValue>);
+
+impl<'a> Meta<'a> {
+    pub(crate) fn new(raw: Option<&'a RawValue>) -> Self {
+        Meta(raw)
+    }
+
+    /// The string value of `_meta[key]`, if `_meta` is an object holding a string there.
+    pub fn get_str(&self, key: &str) -> Option<Cow<'a, str>> {
+        let raw = self.0?;
+        let map: BTreeMap<Cow<'a, str>, &'a RawValue> = serde_json::from_str(raw.get()).ok()?;
+        let value = map.get(key)?;
+        serde_json::from_str::<Cow<'a, str>>(value.get()).ok()
+    }
+}
+
+/// How a call's tenant and session are found. Implement it for your own scheme.
+pub trait Identify: Send + Sync + 'static {
+    /// The tenant of a request.
+    fn tenant(&self, parts: &Parts) -> Tenant;
+    /// The session of one message of a request.
+    fn session(&self, parts: &Parts, meta: Meta<'_>, tenant: &Tenant) -> SessionId;
+}
+
+/// The built-in identity: [`Tenant`] extension (or a configured header), `Mcp-Session-Id`
+/// (or a configured `_meta` key), falling back to the tenant.
+#[derive(Debug, Clone, Default)]
+pub struct DefaultIdentity {
+    tenant_header: Option<HeaderName>,
+    session_meta_key: Option<String>,
+}
+
+impl DefaultIdentity {
+    /// The `Tenant` extension, `Mcp-Session-Id`, then the tenant.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads the tenant from this header when no `Tenant` extension is set. Only do this when
+    /// a proxy you control sets the header (see the module docs).
+    pub fn tenant_header(mut self, header: HeaderName) -> Self {
+        self.tenant_header = Some(header);
+        self
+    }
+
+    /// Reads the session from `params._meta[key]` when there is no `Mcp-Session-Id`.
+    pub fn session_meta_key(mut self, key: impl Into<String>) -> Self {
+        self.session_meta_key = Some(key.into());
+        self
+    }
+}
+
+impl Identify for DefaultIdentity {
+    fn tenant(&self, parts: &Parts) -> Tenant {
+        if let Some(tenant) = parts.extensions.get::<Tenant>() {
+            return tenant.clone();
+        }
+        self.tenant_header
+            .as_ref()
+            .and_then(|h| parts.headers.get(h))
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+            .map(Tenant::new)
+            .unwrap_or_else(Tenant::anonymous)
+    }
+
+    fn session(&self, parts: &Parts, meta: Meta<'_>, tenant: &Tenant) -> SessionId {
+        if let Some(id) = parts
+            .headers
+            .get(crate::mcp::SESSION_ID)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+        {
+            return SessionId::new(id);
+        }
+        if let Some(id) = self
+            .session_meta_key
+            .as_deref()
+            .and_then(|k| meta.get_str(k))
+        {
+            return SessionId::new(id.as_ref());
+        }
+        SessionId(tenant.0.clone())
+    }
+}

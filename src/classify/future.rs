@@ -1,0 +1,143 @@
+//! The classify layer's response future.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::Request;
+use http::request::Parts;
+use http_body_util::combinators::Collect;
+use http_body_util::{LengthLimitError, Limited};
+use pin_project_lite::pin_project;
+use tower::{BoxError, Service};
+
+use super::layer::Shared;
+use super::service::{classified, too_large, unreadable};
+
+pin_project! {
+    /// Response future of [`Classify`](super::Classify): reads the body, then runs the inner
+    /// service.
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<Body>>,
+        B: http_body::Body,
+        B::Error: Into<BoxError>,
+    {
+        #[pin]
+        state: State<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, B>
+    where
+        S: Service<Request<Body>>,
+        B: http_body::Body,
+        B::Error: Into<BoxError>,
+    {
+        Collecting {
+            #[pin]
+            collect: Collect<Limited<B>>,
+            parts: Option<Parts>,
+            inner: S,
+            shared: Arc<Shared>,
+        },
+        Calling {
+            #[pin]
+            future: S::Future,
+        },
+        Done {
+            response: Option<Response>,
+        },
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<Body>>,
+    B: http_body::Body,
+    B::Error: Into<BoxError>,
+{
+    pub(super) fn call(future: S::Future) -> Self {
+        ResponseFuture {
+            state: State::Calling { future },
+        }
+    }
+
+    pub(super) fn done(response: Response) -> Self {
+        ResponseFuture {
+            state: State::Done {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(super) fn collect(
+        collect: Collect<Limited<B>>,
+        parts: Parts,
+        inner: S,
+        shared: Arc<Shared>,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Collecting {
+                collect,
+                parts: Some(parts),
+                inner,
+                shared,
+            },
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<Body>, Response = http::Response<ResBody>>,
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Output = Result<Response, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Collecting {
+                    collect,
+                    parts,
+                    inner,
+                    shared,
+                } => {
+                    let body = match ready!(collect.poll(cx)) {
+                        Ok(collected) => collected.to_bytes(),
+                        Err(e) => {
+                            let response = if e.downcast_ref::<LengthLimitError>().is_some() {
+                                too_large(shared.body_limit)
+                            } else {
+                                unreadable()
+                            };
+                            return Poll::Ready(Ok(response));
+                        }
+                    };
+                    let parts = parts.take().expect("polled after completion");
+                    let request = classified(parts, body, shared);
+                    let future = inner.call(request);
+                    this.state.set(State::Calling { future });
+                }
+                StateProj::Calling { future } => {
+                    let response = ready!(future.poll(cx))?;
+                    return Poll::Ready(Ok(response.map(Body::new)));
+                }
+                StateProj::Done { response } => {
+                    return Poll::Ready(Ok(response.take().expect("polled after completion")));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,173 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use tower::{BoxError, Service};
+
+use super::ResponseFuture;
+use super::layer::Shared;
+use crate::call::{Call, Calls, Meta, Unclassified};
+use crate::mcp::{self, ProtocolVersion};
+
+/// Reads MCP POST bodies and attaches their [`Calls`]. Built by
+/// [`ClassifyLayer`](super::ClassifyLayer).
+#[derive(Clone)]
+pub struct Classify<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> Classify<S> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        Classify { inner, shared }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Classify<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Classify")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for Classify<S>
+where
+    S: Service<Request<Body>, Response = http::Response<ResBody>> + Clone,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // Keep the readied service for this request; the clone waits for the next poll_ready.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        if req.method() != Method::POST {
+            return ResponseFuture::call(inner.call(req.map(Body::new)));
+        }
+        let limit = self.shared.body_limit;
+        let declared = req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return ResponseFuture::done(too_large(limit));
+        }
+        let (parts, body) = req.into_parts();
+        ResponseFuture::collect(
+            Limited::new(body, limit).collect(),
+            parts,
+            inner,
+            self.shared.clone(),
+        )
+    }
+}
+
+pub(super) fn too_large(limit: usize) -> Response {
+    ::metrics::counter!(crate::metrics::BODY_REJECTED, "status" => "413").increment(1);
+    mcp::reply::invalid_request(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!("request body larger than {limit} bytes"),
+    )
+}
+
+pub(super) fn unreadable() -> Response {
+    ::metrics::counter!(crate::metrics::BODY_REJECTED, "status" => "400").increment(1);
+    mcp::reply::invalid_request(StatusCode::BAD_REQUEST, "request body could not be read")
+}
+
+/// Attaches the classification of `body` to `parts` and rebuilds the request.
+pub(super) fn classified(mut parts: Parts, body: Bytes, shared: &Shared) -> Request<Body> {
+    match classify(&parts, &body, shared) {
+        Ok(calls) => {
+            for call in calls.iter() {
+                ::metrics::counter!(crate::metrics::CALLS, "kind" => call.kind.as_str())
+                    .increment(1);
+                if call.header_mismatch {
+                    ::metrics::counter!(crate::metrics::HEADER_MISMATCH).increment(1);
+                }
+            }
+            parts.extensions.insert(calls);
+        }
+        Err(unclassified) => {
+            ::metrics::counter!(crate::metrics::UNCLASSIFIED, "reason" => unclassified.as_str())
+                .increment(1);
+            parts.extensions.insert(unclassified);
+        }
+    }
+    Request::from_parts(parts, Body::from(body))
+}
+
+fn header_str<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
+    parts.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The classification of one MCP POST body.
+pub(crate) fn classify(
+    parts: &Parts,
+    body: &Bytes,
+    shared: &Shared,
+) -> Result<Calls, Unclassified> {
+    let parsed = mcp::parse(body)?;
+    let tenant = shared.identity.tenant(parts);
+    let protocol_version =
+        header_str(parts, mcp::PROTOCOL_VERSION).and_then(|v| v.parse::<ProtocolVersion>().ok());
+    let header_method = header_str(parts, mcp::METHOD);
+    let header_name = header_str(parts, mcp::NAME);
+    let single = !parsed.batch;
+    let calls = parsed
+        .messages
+        .into_iter()
+        .map(|m| {
+            let method = m.method.as_deref();
+            let (tool, resource, prompt) = match method {
+                Some("tools/call") => (m.name.as_deref(), None, None),
+                Some("resources/read") => (None, m.uri.as_deref(), None),
+                Some("prompts/get") => (None, None, m.name.as_deref()),
+                _ => (None, None, None),
+            };
+            let target = tool.or(resource).or(prompt);
+            let header_mismatch = single
+                && (header_method.is_some_and(|h| Some(h) != method)
+                    || header_name.is_some_and(|h| Some(h) != target));
+            Call {
+                kind: m.kind,
+                id: m
+                    .id
+                    .map(|raw| crate::call::RequestId::from_raw(raw.to_owned())),
+                method: method.map(str::to_owned),
+                tool: tool.map(str::to_owned),
+                resource: resource.map(str::to_owned),
+                prompt: prompt.map(str::to_owned),
+                session: shared.identity.session(parts, Meta::new(m.meta), &tenant),
+                tenant: tenant.clone(),
+                protocol_version,
+                cost: 1,
+                header_mismatch,
+                span: m.span,
+            }
+        })
+        .collect();
+    Ok(Calls {
+        calls,
+        batch: parsed.batch,
+        body: body.clone(),
+        format: shared.format.clone(),
+    })
+}

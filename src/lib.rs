@@ -1,0 +1,48 @@
+//! # stormgate
+//!
+//! Composable [tower] layers that protect MCP (Model Context Protocol) tool servers on axum
+//! from request storms made by LLM agents.
+//!
+//! An agent unsure it has "enough context" fires a hundred varied calls at one search tool,
+//! retries every timeout with a new query, and drains a database pool other tenants share.
+//! Each call looks normal, so plain QPS limits miss it. stormgate reads what each call *is*
+//! (method, tool, resource, tenant, session) and answers excess with one JSON-RPC error that
+//! tells the agent exactly when to come back.
+//!
+//! ## The pieces
+//!
+//! * [`classify`]: reads the MCP POST body once (bounded) and attaches [`Calls`] to the
+//!   request; bodies over the limit get 413 with a JSON-RPC error.
+//! * [`admit`]: applies a non-waiting [`Admission`](admit::Admission) to each call and owns
+//!   the rejection contract (single requests, batches, notifications).
+//! * [`Rejection`]: the one refusal every layer returns, rendered as described in
+//!   [`rejection`].
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{Router, routing::post};
+//! use stormgate::{Call, Reason, Rejection, Scope};
+//! use stormgate::{admit::AdmitLayer, classify::ClassifyLayer};
+//!
+//! let app: Router = Router::new()
+//!     .route("/mcp", post(|| async { "{}" }))
+//!     // Inner layers first: axum applies the last `.layer` outermost.
+//!     .layer(AdmitLayer::new(|call: &Call| {
+//!         if call.tool.as_deref() == Some("sql_scan") && call.tenant.as_str() == "anonymous" {
+//!             Err(Rejection::new(Reason::TenantBudgetExceeded, Scope::Tenant, Duration::from_secs(1)))
+//!         } else {
+//!             Ok(())
+//!         }
+//!     }))
+//!     .layer(ClassifyLayer::new());
+//! ```
+
+pub mod admit;
+pub mod call;
+pub mod classify;
+pub mod mcp;
+pub mod metrics;
+pub mod rejection;
+
+pub use call::{Call, CallKind, Calls, RequestId, SessionId, Tenant};
+pub use rejection::{Reason, Rejection, RejectionFormat, Scope};
