@@ -46,3 +46,8 @@ pub mod rejection;
 
 pub use call::{Call, CallKind, Calls, RequestId, SessionId, Tenant};
 pub use rejection::{Reason, Rejection, RejectionFormat, Scope};
+
+/// The README's Rust snippets, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

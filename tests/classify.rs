@@ -1,0 +1,410 @@
+//! Classification of every envelope form, identity, headers, and the body limit.
+
+mod common;
+
+use axum::body::Body;
+use bytes::Bytes;
+use common::{Recorder, ok_json, post, post_body};
+use http::{HeaderName, Request, StatusCode};
+use proptest::prelude::*;
+use stormgate::call::{DefaultIdentity, Unclassified};
+use stormgate::classify::ClassifyLayer;
+use stormgate::mcp::ProtocolVersion;
+use stormgate::{CallKind, Tenant};
+use tower::{Layer, ServiceExt};
+
+async fn classify(
+    layer: &ClassifyLayer,
+    req: Request<Body>,
+) -> (common::Seen, http::Response<Body>) {
+    let rec = Recorder::default();
+    let res = layer
+        .layer(rec.service(ok_json))
+        .oneshot(req)
+        .await
+        .unwrap();
+    (rec.last(), res)
+}
+
+async fn classify_body(body: &'static str) -> common::Seen {
+    classify(&ClassifyLayer::new(), post_body(body)).await.0
+}
+
+#[tokio::test]
+async fn single_request_with_number_id() {
+    let body = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sql_scan","arguments":{"table":"t"}}}"#;
+    let seen = classify_body(body).await;
+    assert_eq!(seen.body, body.as_bytes());
+    let calls = seen.calls.unwrap();
+    let call = calls.single().unwrap();
+    assert_eq!(call.kind, CallKind::Request);
+    assert_eq!(call.id.as_ref().unwrap().as_json(), "7");
+    assert_eq!(call.method.as_deref(), Some("tools/call"));
+    assert_eq!(call.tool.as_deref(), Some("sql_scan"));
+    assert_eq!(call.resource, None);
+    assert_eq!(call.tenant.as_str(), "anonymous");
+    assert_eq!(call.session.as_str(), "anonymous");
+    assert_eq!(call.cost, 1);
+    assert!(call.is_chargeable());
+}
+
+#[tokio::test]
+async fn string_id_resource_and_prompt() {
+    let seen = classify_body(
+        r#"{"jsonrpc":"2.0","id":"req-1","method":"resources/read","params":{"uri":"db://orders/42"}}"#,
+    )
+    .await;
+    let calls = seen.calls.unwrap();
+    let call = calls.single().unwrap();
+    assert_eq!(call.id.as_ref().unwrap().as_json(), r#""req-1""#);
+    assert_eq!(call.resource.as_deref(), Some("db://orders/42"));
+    assert_eq!(call.target(), Some("db://orders/42"));
+    assert_eq!(call.tool, None);
+
+    let seen = classify_body(
+        r#"{"jsonrpc":"2.0","id":3.5,"method":"prompts/get","params":{"name":"summarize"}}"#,
+    )
+    .await;
+    let calls = seen.calls.unwrap();
+    let call = calls.single().unwrap();
+    assert_eq!(call.id.as_ref().unwrap().as_json(), "3.5");
+    assert_eq!(call.prompt.as_deref(), Some("summarize"));
+    assert_eq!(call.tool, None);
+}
+
+#[tokio::test]
+async fn notification_has_no_id_and_is_not_chargeable() {
+    let seen = classify_body(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).await;
+    let calls = seen.calls.unwrap();
+    let call = calls.single().unwrap();
+    assert_eq!(call.kind, CallKind::Notification);
+    assert!(call.id.is_none());
+    assert!(!call.is_chargeable());
+}
+
+#[tokio::test]
+async fn client_response_is_classified_as_response() {
+    for body in [
+        r#"{"jsonrpc":"2.0","id":5,"result":{"roots":[]}}"#,
+        r#"{"jsonrpc":"2.0","id":"s-1","error":{"code":-1,"message":"no"}}"#,
+    ] {
+        let seen = classify_body(body).await;
+        let calls = seen.calls.unwrap();
+        let call = calls.single().unwrap();
+        assert_eq!(call.kind, CallKind::Response);
+        assert!(call.method.is_none());
+        assert!(!call.is_chargeable());
+    }
+}
+
+#[tokio::test]
+async fn batch_with_every_id_type() {
+    let body = r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"cache_get"}},
+ {"jsonrpc":"2.0","id":"b","method":"tools/call","params":{"name":"sql_scan"}},
+ {"jsonrpc":"2.0","id":null,"method":"ping"},
+ {"jsonrpc":"2.0","method":"notifications/progress"},
+ {"jsonrpc":"2.0","id":9,"result":{}},
+ "junk"]"#;
+    let seen = classify_body(body).await;
+    assert_eq!(seen.body, body.as_bytes());
+    let calls = seen.calls.unwrap();
+    assert!(calls.is_batch());
+    assert!(calls.single().is_none());
+    let got: Vec<(CallKind, Option<String>, Option<String>)> = calls
+        .iter()
+        .map(|c| {
+            (
+                c.kind,
+                c.id.as_ref().map(|i| i.as_json().to_owned()),
+                c.tool.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                CallKind::Request,
+                Some("1".into()),
+                Some("cache_get".into())
+            ),
+            (
+                CallKind::Request,
+                Some(r#""b""#.into()),
+                Some("sql_scan".into())
+            ),
+            (CallKind::Request, Some("null".into()), None),
+            (CallKind::Notification, None, None),
+            (CallKind::Response, Some("9".into()), None),
+            (CallKind::Invalid, None, None),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn malformed_bodies_are_forwarded_byte_for_byte_and_tagged() {
+    let cases: [(&[u8], Unclassified); 5] = [
+        (b"{\"jsonrpc\":\"2.0\",\"id\":1,", Unclassified::NotJson),
+        (b"not json at all", Unclassified::NotJson),
+        (&[0xff, 0x00, 0x7b], Unclassified::NotJson),
+        (br#"{"hello":"world"}"#, Unclassified::NotJsonRpc),
+        (b"[]", Unclassified::NotJsonRpc),
+    ];
+    for (body, tag) in cases {
+        let (seen, res) =
+            classify(&ClassifyLayer::new(), post_body(Bytes::from_static(body))).await;
+        assert_eq!(seen.body, body, "exact bytes");
+        assert!(seen.calls.is_none());
+        assert_eq!(seen.unclassified, Some(tag));
+        assert_eq!(
+            res.status(),
+            StatusCode::OK,
+            "answered by the inner service"
+        );
+    }
+}
+
+#[tokio::test]
+async fn get_and_delete_pass_through_unread() {
+    for method in [http::Method::GET, http::Method::DELETE] {
+        let req = Request::builder()
+            .method(method.clone())
+            .uri("/mcp")
+            .body(Body::from("anything"))
+            .unwrap();
+        let (seen, _) = classify(&ClassifyLayer::new(), req).await;
+        assert_eq!(seen.method, method);
+        assert_eq!(seen.body, "anything");
+        assert!(seen.calls.is_none());
+        assert!(seen.unclassified.is_none());
+    }
+}
+
+#[tokio::test]
+async fn mcp_method_and_name_headers_are_checked_and_the_body_wins() {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sql_scan"}}"#;
+    let matching = post()
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "sql_scan")
+        .body(Body::from(body))
+        .unwrap();
+    let (seen, _) = classify(&ClassifyLayer::new(), matching).await;
+    assert!(!seen.calls.unwrap().single().unwrap().header_mismatch);
+
+    let lying = post()
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "cache_get")
+        .body(Body::from(body))
+        .unwrap();
+    let (seen, _) = classify(&ClassifyLayer::new(), lying).await;
+    let calls = seen.calls.unwrap();
+    let call = calls.single().unwrap();
+    assert!(call.header_mismatch);
+    assert_eq!(call.tool.as_deref(), Some("sql_scan"), "the body wins");
+
+    let wrong_method = post()
+        .header("mcp-method", "ping")
+        .body(Body::from(body))
+        .unwrap();
+    let (seen, _) = classify(&ClassifyLayer::new(), wrong_method).await;
+    assert!(seen.calls.unwrap().single().unwrap().header_mismatch);
+}
+
+#[tokio::test]
+async fn protocol_version_header_is_read() {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let req = post()
+        .header("mcp-protocol-version", "2026-07-28")
+        .body(Body::from(body))
+        .unwrap();
+    let (seen, _) = classify(&ClassifyLayer::new(), req).await;
+    assert_eq!(
+        seen.calls.unwrap().single().unwrap().protocol_version,
+        Some(ProtocolVersion::V2026_07_28)
+    );
+    let req = post()
+        .header("mcp-protocol-version", "garbage")
+        .body(Body::from(body))
+        .unwrap();
+    let (seen, _) = classify(&ClassifyLayer::new(), req).await;
+    assert_eq!(seen.calls.unwrap().single().unwrap().protocol_version, None);
+}
+
+#[tokio::test]
+async fn tenant_comes_from_the_extension_then_a_configured_header() {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    // A client-chosen header is ignored unless configured.
+    let req = post()
+        .header("x-tenant", "evil")
+        .body(Body::from(body))
+        .unwrap();
+    let (seen, _) = classify(&ClassifyLayer::new(), req).await;
+    assert_eq!(
+        seen.calls.unwrap().single().unwrap().tenant.as_str(),
+        "anonymous"
+    );
+
+    let configured = ClassifyLayer::new()
+        .identity(DefaultIdentity::new().tenant_header(HeaderName::from_static("x-tenant")));
+    let req = post()
+        .header("x-tenant", "acme")
+        .body(Body::from(body))
+        .unwrap();
+    let (seen, _) = classify(&configured, req).await;
+    let calls = seen.calls.unwrap();
+    let call = calls.single().unwrap();
+    assert_eq!(call.tenant.as_str(), "acme");
+    assert_eq!(call.session.as_str(), "acme", "no session: the tenant");
+
+    // The auth layer's extension wins over the header.
+    let mut req = post()
+        .header("x-tenant", "acme")
+        .body(Body::from(body))
+        .unwrap();
+    req.extensions_mut().insert(Tenant::new("verified"));
+    let (seen, _) = classify(&configured, req).await;
+    assert_eq!(
+        seen.calls.unwrap().single().unwrap().tenant.as_str(),
+        "verified"
+    );
+}
+
+#[tokio::test]
+async fn session_comes_from_the_header_then_a_meta_key_then_the_tenant() {
+    let layer = ClassifyLayer::new().identity(DefaultIdentity::new().session_meta_key("agent_run"));
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","_meta":{"agent_run":"run-9","other":1}}}"#;
+    let req = post()
+        .header("mcp-session-id", "sess-1")
+        .body(Body::from(body))
+        .unwrap();
+    let (seen, _) = classify(&layer, req).await;
+    assert_eq!(
+        seen.calls.unwrap().single().unwrap().session.as_str(),
+        "sess-1"
+    );
+
+    let (seen, _) = classify(&layer, post_body(body)).await;
+    assert_eq!(
+        seen.calls.unwrap().single().unwrap().session.as_str(),
+        "run-9"
+    );
+
+    let (seen, _) = classify(&ClassifyLayer::new(), post_body(body)).await;
+    assert_eq!(
+        seen.calls.unwrap().single().unwrap().session.as_str(),
+        "anonymous",
+        "meta key not configured: the tenant"
+    );
+}
+
+#[tokio::test]
+async fn oversized_body_by_content_length_is_refused_before_reading() {
+    let rec = Recorder::default();
+    let svc = ClassifyLayer::new()
+        .body_limit(64)
+        .layer(rec.service(ok_json));
+    let req = post()
+        .header("content-length", "65")
+        .body(Body::from(vec![b' '; 65]))
+        .unwrap();
+    let res = svc.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(res.headers()["content-type"], "application/json");
+    let body = common::body_json(res).await;
+    assert_eq!(body["jsonrpc"], "2.0");
+    assert_eq!(body["id"], serde_json::Value::Null);
+    assert_eq!(body["error"]["code"], -32600);
+    assert!(rec.seen().is_empty(), "nothing reaches the inner service");
+}
+
+#[tokio::test]
+async fn oversized_body_without_length_is_refused_while_reading() {
+    let rec = Recorder::default();
+    let svc = ClassifyLayer::new()
+        .body_limit(64)
+        .layer(rec.service(ok_json));
+    // No Content-Length header: the limit is enforced on the bytes as they arrive.
+    let res = svc.oneshot(post_body(vec![b'x'; 1000])).await.unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(common::body_json(res).await["error"]["code"], -32600);
+    assert!(rec.seen().is_empty());
+
+    // Exactly at the limit is fine.
+    let rec = Recorder::default();
+    let svc = ClassifyLayer::new()
+        .body_limit(64)
+        .layer(rec.service(ok_json));
+    let res = svc.oneshot(post_body(vec![b' '; 64])).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(rec.last().body.len(), 64);
+}
+
+/// A body that fails after its first chunk, like a client that disconnects mid-upload.
+struct Broken(bool);
+
+impl http_body::Body for Broken {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        if self.0 {
+            return std::task::Poll::Ready(Some(Err(std::io::Error::other("reset"))));
+        }
+        self.0 = true;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+            b"{\"jsonrpc\"",
+        )))))
+    }
+}
+
+#[tokio::test]
+async fn unreadable_body_gets_400_and_nothing_is_forwarded() {
+    let rec = Recorder::default();
+    let svc = ClassifyLayer::new().layer(rec.service(ok_json));
+    let req = Request::post("/mcp").body(Broken(false)).unwrap();
+    let res = svc.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(common::body_json(res).await["error"]["code"], -32600);
+    assert!(rec.seen().is_empty());
+}
+
+fn jsonish() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..256),
+        "[\\[\\]{}\",:0-9a-z \\\\.-]{0,200}".prop_map(String::into_bytes),
+        (
+            prop_oneof![Just("1"), Just("\"x\""), Just("null"), Just("[1]"), Just("{}")],
+            "[a-z/]{0,12}",
+            "[a-z_\\\\\"]{0,12}",
+            any::<bool>(),
+        )
+            .prop_map(|(id, method, name, batch)| {
+                let one = format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{"name":"{name}"}}}}"#
+                );
+                if batch { format!("[{one},{one}]") } else { one }.into_bytes()
+            }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Whatever the bytes, classification never panics and the inner service receives exactly
+    /// what the client sent.
+    #[test]
+    fn arbitrary_bodies_reach_the_inner_service_unchanged(body in jsonish()) {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (seen, res) = rt.block_on(classify(&ClassifyLayer::new(), post_body(body.clone())));
+        prop_assert_eq!(res.status(), StatusCode::OK);
+        prop_assert_eq!(&seen.body[..], &body[..]);
+        prop_assert!(seen.calls.is_some() != seen.unclassified.is_some());
+        if let Some(calls) = seen.calls {
+            for call in calls.iter() {
+                prop_assert_eq!(call.kind == CallKind::Request, call.is_chargeable());
+            }
+        }
+    }
+}

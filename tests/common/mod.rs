@@ -1,0 +1,89 @@
+//! Helpers shared by the integration tests.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::Request;
+use http_body_util::BodyExt;
+use stormgate::Calls;
+use stormgate::call::Unclassified;
+
+/// What the inner service saw of one request.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: http::Method,
+    pub body: Bytes,
+    pub calls: Option<Calls>,
+    pub unclassified: Option<Unclassified>,
+}
+
+/// Everything the inner service saw, in order.
+#[derive(Debug, Clone, Default)]
+pub struct Recorder(Arc<Mutex<Vec<Seen>>>);
+
+impl Recorder {
+    pub fn seen(&self) -> Vec<Seen> {
+        self.0.lock().unwrap().clone()
+    }
+
+    pub fn last(&self) -> Seen {
+        self.seen().pop().expect("the inner service was called")
+    }
+
+    /// An inner service that records the request and answers with `respond(&seen)`.
+    pub fn service(
+        &self,
+        respond: impl Fn(&Seen) -> Response + Clone + Send + Sync + 'static,
+    ) -> tower::util::BoxCloneService<Request<Body>, Response, std::convert::Infallible> {
+        let log = self.0.clone();
+        tower::util::BoxCloneService::new(tower::service_fn(move |req: Request<Body>| {
+            let log = log.clone();
+            let respond = respond.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let seen = Seen {
+                    method: parts.method.clone(),
+                    body: body.collect().await.unwrap().to_bytes(),
+                    calls: parts.extensions.get::<Calls>().cloned(),
+                    unclassified: parts.extensions.get::<Unclassified>().copied(),
+                };
+                let response = respond(&seen);
+                log.lock().unwrap().push(seen);
+                Ok(response)
+            }
+        }))
+    }
+}
+
+/// 200 `{}` as application/json.
+pub fn ok_json(_: &Seen) -> Response {
+    let mut res = Response::new(Body::from("{}"));
+    res.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    res
+}
+
+/// A POST to /mcp with a JSON body.
+pub fn post() -> http::request::Builder {
+    Request::post("/mcp")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+}
+
+pub fn post_body(body: impl Into<Bytes>) -> Request<Body> {
+    post().body(Body::from(body.into())).unwrap()
+}
+
+pub async fn body_json(res: Response) -> serde_json::Value {
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+}
+
+pub async fn body_bytes(res: Response) -> Bytes {
+    res.into_body().collect().await.unwrap().to_bytes()
+}
