@@ -40,6 +40,7 @@
 pub mod admit;
 pub mod call;
 pub mod classify;
+pub mod fifo;
 pub mod mcp;
 pub mod metrics;
 pub mod rejection;

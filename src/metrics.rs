@@ -8,6 +8,12 @@
 //! | `stormgate_header_mismatch_total` | counter | | `Mcp-Method`/`Mcp-Name` headers that disagreed with the body |
 //! | `stormgate_body_rejected_total` | counter | `status` (413, 400) | bodies refused before parsing |
 //! | `stormgate_rejected_total` | counter | `reason`, `scope` | calls refused, by the rejection contract's vocabulary |
+//! | `stormgate_fifo_admitted_total` | counter | `key` | calls admitted by a FIFO key (at once or after waiting) |
+//! | `stormgate_fifo_queued_total` | counter | `key` | calls that had to wait in a FIFO queue |
+//! | `stormgate_fifo_rejected_total` | counter | `key`, `reason` | calls a FIFO key refused (queue_full, queue_timeout, upstream_rate_limited) |
+//! | `stormgate_fifo_queue_depth` | gauge | `key` | waiters queued on a key |
+//! | `stormgate_fifo_queue_wait_seconds` | histogram | `key` | time admitted calls waited (0 for those admitted at once) |
+//! | `stormgate_upstream_rate_limited_total` | counter | `key` | upstream 429 answers seen by the outbound limiter |
 
 /// JSON-RPC messages classified, by `kind`.
 pub const CALLS: &str = "stormgate_calls_total";
@@ -19,3 +25,15 @@ pub const HEADER_MISMATCH: &str = "stormgate_header_mismatch_total";
 pub const BODY_REJECTED: &str = "stormgate_body_rejected_total";
 /// Calls refused, by `reason` and `scope`.
 pub const REJECTED: &str = "stormgate_rejected_total";
+/// Calls admitted by a FIFO key, by `key`.
+pub const FIFO_ADMITTED: &str = "stormgate_fifo_admitted_total";
+/// Calls that had to wait in a FIFO queue, by `key`.
+pub const FIFO_QUEUED: &str = "stormgate_fifo_queued_total";
+/// Calls a FIFO key refused, by `key` and `reason`.
+pub const FIFO_REJECTED: &str = "stormgate_fifo_rejected_total";
+/// Waiters queued on a key, by `key`.
+pub const FIFO_QUEUE_DEPTH: &str = "stormgate_fifo_queue_depth";
+/// Time admitted calls waited, by `key`.
+pub const FIFO_QUEUE_WAIT: &str = "stormgate_fifo_queue_wait_seconds";
+/// Upstream 429 answers seen by the outbound limiter, by `key`.
+pub const UPSTREAM_RATE_LIMITED: &str = "stormgate_upstream_rate_limited_total";

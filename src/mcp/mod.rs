@@ -5,6 +5,7 @@
 
 mod envelope;
 pub(crate) mod reply;
+pub(crate) mod verdict;
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,0 +1,54 @@
+//! A response body that holds FIFO leases until it ends.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use super::Lease;
+
+pin_project! {
+    /// A body that keeps its call's [`Lease`]s until the body ends, fails or is dropped.
+    ///
+    /// MCP servers answer `tools/call` with an SSE stream whose head arrives before the tool
+    /// has run, so a lease released with the head would limit nothing: the place is held for
+    /// as long as the answer streams.
+    pub struct LeaseBody<B> {
+        #[pin]
+        inner: B,
+        leases: Vec<Lease>,
+    }
+}
+
+impl<B> LeaseBody<B> {
+    /// `inner`, holding `leases` until it ends.
+    pub fn new(inner: B, leases: Vec<Lease>) -> Self {
+        LeaseBody { inner, leases }
+    }
+}
+
+impl<B: Body> Body for LeaseBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let frame = this.inner.poll_frame(cx);
+        if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
+            this.leases.clear();
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,644 @@
+//! The core limiter: per-key FIFO queues, pacing, concurrency, windows, cooldowns.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tokio::time::{Instant, Sleep};
+
+use super::error::AcquireError;
+use super::limits::ResourceLimits;
+use crate::metrics;
+
+/// Default bound on distinct resource keys; past it, new keys share [`OVERFLOW_KEY`].
+pub const DEFAULT_MAX_KEYS: usize = 10_000;
+/// The key that keys past `max_keys` share, so a flood of new names cannot grow memory.
+pub const OVERFLOW_KEY: &str = "~overflow";
+/// Cooldown after an upstream 429 that gave no Retry-After (seed 000 section 3).
+pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
+/// The hold time assumed for a key's calls before any was measured.
+const UNKNOWN_HOLD: Duration = Duration::from_secs(1);
+/// Weight of the newest observation in the per-key hold-time average.
+const HOLD_ALPHA: f64 = 0.3;
+
+/// A per-resource FIFO limiter: a cheap handle, clones share all state.
+///
+/// Each key (seed 000's `rateLimitGroup`, any string; several tools or hosts may share one)
+/// has its own [`ResourceLimits`], its own FIFO queue and its own cooldown. Keys are
+/// independent: there is no global lock, only one short mutex per key.
+///
+/// * **Order**: waiters are served in FIFO order per key. With `max_concurrent_per_account`,
+///   a waiter whose account is full is passed over by waiters of other accounts (FIFO among
+///   those that can run); among the waiters of one account the order is strict.
+/// * **Cancel safety**: dropping an [`Acquire`] future removes the waiter at once and lets the
+///   next one be considered; dropping a [`Lease`] (success, error, panic, cancellation) frees
+///   its slot and admits the next waiter. No background task is needed: the first waiter that
+///   can run sleeps until its pacing, window or cooldown allows it.
+/// * **Time** is `tokio::time::Instant`, so everything is exact under paused time.
+#[derive(Clone)]
+pub struct ResourceLimiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    keys: DashMap<Arc<str>, Arc<Key>>,
+    configured: HashMap<String, ResourceLimits>,
+    default_limits: ResourceLimits,
+    max_keys: usize,
+}
+
+impl fmt::Debug for ResourceLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResourceLimiter")
+            .field("keys", &self.inner.keys.len())
+            .field("configured", &self.inner.configured)
+            .field("default_limits", &self.inner.default_limits)
+            .finish()
+    }
+}
+
+/// Builds a [`ResourceLimiter`].
+#[derive(Debug, Clone, Default)]
+pub struct ResourceLimiterBuilder {
+    configured: HashMap<String, ResourceLimits>,
+    default_limits: ResourceLimits,
+    max_keys: Option<usize>,
+}
+
+impl ResourceLimiterBuilder {
+    /// Limits for one key.
+    pub fn key(mut self, key: impl Into<String>, limits: ResourceLimits) -> Self {
+        self.configured.insert(key.into(), limits);
+        self
+    }
+
+    /// Limits for keys not configured one by one (default: nothing limited).
+    pub fn default_limits(mut self, limits: ResourceLimits) -> Self {
+        self.default_limits = limits;
+        self
+    }
+
+    /// Bound on distinct keys tracked (default [`DEFAULT_MAX_KEYS`]).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// The limiter.
+    pub fn build(self) -> ResourceLimiter {
+        ResourceLimiter {
+            inner: Arc::new(Inner {
+                keys: DashMap::new(),
+                configured: self.configured,
+                default_limits: self.default_limits,
+                max_keys: self.max_keys.unwrap_or(DEFAULT_MAX_KEYS),
+            }),
+        }
+    }
+}
+
+impl ResourceLimiter {
+    /// A builder.
+    pub fn builder() -> ResourceLimiterBuilder {
+        ResourceLimiterBuilder::default()
+    }
+
+    /// The limits `key` runs under.
+    pub fn limits(&self, key: &str) -> ResourceLimits {
+        self.inner
+            .configured
+            .get(key)
+            .copied()
+            .unwrap_or(self.inner.default_limits)
+    }
+
+    fn key(&self, name: &str) -> Arc<Key> {
+        if let Some(key) = self.inner.keys.get(name) {
+            return key.clone();
+        }
+        let name = if self.inner.keys.len() >= self.inner.max_keys
+            && !self.inner.configured.contains_key(name)
+        {
+            OVERFLOW_KEY
+        } else {
+            name
+        };
+        let limits = self.limits(name);
+        self.inner
+            .keys
+            .entry(Arc::from(name))
+            .or_insert_with(|| Arc::new(Key::new(name, limits)))
+            .clone()
+    }
+
+    /// Waits for a place on `key`, in FIFO order. `account` names the caller for
+    /// `max_concurrent_per_account`.
+    ///
+    /// Refused at once with [`AcquireError::QueueFull`] when the queue is at its depth, or
+    /// [`AcquireError::UpstreamRateLimited`] when the key is cooling down for longer than the
+    /// caller could wait; after `queue_timeout` with [`AcquireError::QueueTimeout`].
+    pub fn acquire(&self, key: &str, account: Option<&str>) -> Acquire {
+        Acquire {
+            key: self.key(key),
+            account: account.map(Arc::from),
+            state: AcquireState::Start,
+        }
+    }
+
+    /// Reports that the upstream behind `key` answered 429: every later admission waits until
+    /// the cooldown ends. The cooldown is `retry_after` (1 s when unknown), and never shorter
+    /// than the key's pacing; it applies even to keys with no limits configured.
+    pub fn report_upstream_rate_limit(&self, key: &str, retry_after: Option<Duration>) {
+        let key = self.key(key);
+        let cooldown = retry_after
+            .unwrap_or(DEFAULT_COOLDOWN)
+            .max(key.limits.pacing());
+        let now = Instant::now();
+        let mut state = key.lock();
+        let until = now + cooldown;
+        if state.cooldown_until.is_none_or(|c| c < until) {
+            state.cooldown_until = Some(until);
+        }
+        key.pump(&mut state, now);
+    }
+
+    /// Waiters queued on `key` now.
+    pub fn queue_depth(&self, key: &str) -> usize {
+        self.inner.keys.get(key).map_or(0, |k| k.lock().queue.len())
+    }
+
+    /// Calls in flight on `key` now.
+    pub fn in_flight(&self, key: &str) -> usize {
+        self.inner.keys.get(key).map_or(0, |k| k.lock().in_flight)
+    }
+
+    /// Distinct keys tracked.
+    pub fn key_count(&self) -> usize {
+        self.inner.keys.len()
+    }
+}
+
+/// One key's state. Everything mutable is behind one short mutex.
+struct Key {
+    name: Arc<str>,
+    limits: ResourceLimits,
+    state: Mutex<KeyState>,
+    metrics: KeyMetrics,
+}
+
+struct KeyMetrics {
+    admitted: ::metrics::Counter,
+    queued: ::metrics::Counter,
+    rejected_full: ::metrics::Counter,
+    rejected_timeout: ::metrics::Counter,
+    rejected_cooldown: ::metrics::Counter,
+    depth: ::metrics::Gauge,
+    wait: ::metrics::Histogram,
+}
+
+impl KeyMetrics {
+    fn new(key: &str) -> Self {
+        let key = key.to_owned();
+        let rejected = |reason: &'static str| ::metrics::counter!(metrics::FIFO_REJECTED, "key" => key.clone(), "reason" => reason);
+        KeyMetrics {
+            admitted: ::metrics::counter!(metrics::FIFO_ADMITTED, "key" => key.clone()),
+            queued: ::metrics::counter!(metrics::FIFO_QUEUED, "key" => key.clone()),
+            rejected_full: rejected("queue_full"),
+            rejected_timeout: rejected("queue_timeout"),
+            rejected_cooldown: rejected("upstream_rate_limited"),
+            depth: ::metrics::gauge!(metrics::FIFO_QUEUE_DEPTH, "key" => key.clone()),
+            wait: ::metrics::histogram!(metrics::FIFO_QUEUE_WAIT, "key" => key),
+        }
+    }
+}
+
+#[derive(Default)]
+struct KeyState {
+    in_flight: usize,
+    accounts: HashMap<Arc<str>, usize>,
+    last_admit: Option<Instant>,
+    window: VecDeque<Instant>,
+    cooldown_until: Option<Instant>,
+    queue: VecDeque<u64>,
+    waiters: HashMap<u64, Waiter>,
+    next_id: u64,
+    hold_avg: Option<Duration>,
+    oldest_lease: Option<Instant>,
+}
+
+struct Waiter {
+    account: Option<Arc<str>>,
+    enqueued: Instant,
+    waker: Option<Waker>,
+    granted: bool,
+    /// The time this waiter armed its timer for, so the pump does not wake it again for it.
+    armed: Option<Instant>,
+}
+
+impl Key {
+    fn new(name: &str, limits: ResourceLimits) -> Self {
+        Key {
+            name: Arc::from(name),
+            limits,
+            state: Mutex::new(KeyState::default()),
+            metrics: KeyMetrics::new(name),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, KeyState> {
+        // No user code runs under this lock, so a poisoned lock holds consistent state.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn account_has_room(&self, state: &KeyState, account: Option<&Arc<str>>) -> bool {
+        match (self.limits.max_concurrent_per_account, account) {
+            (Some(max), Some(a)) => state.accounts.get(a).copied().unwrap_or(0) < max.get(),
+            _ => true,
+        }
+    }
+
+    fn has_capacity(&self, state: &KeyState) -> bool {
+        self.limits
+            .max_concurrent
+            .is_none_or(|max| state.in_flight < max.get())
+    }
+
+    /// The earliest instant pacing, the window and the cooldown allow an admission.
+    fn ready_at(&self, state: &mut KeyState, now: Instant) -> Instant {
+        let mut at = now;
+        let pacing = self.limits.pacing();
+        if let Some(last) = state.last_admit.filter(|_| !pacing.is_zero()) {
+            at = at.max(last + pacing);
+        }
+        if let Some(until) = state.cooldown_until {
+            at = at.max(until);
+        }
+        if let Some(window) = self.limits.window {
+            // An admission at t counts while now < t + length: the window is (now - length, now].
+            while state
+                .window
+                .front()
+                .is_some_and(|&t| t + window.length <= now)
+            {
+                state.window.pop_front();
+            }
+            let max = window.max.get() as usize;
+            if state.window.len() >= max {
+                at = at.max(state.window[state.window.len() - max] + window.length);
+            }
+        }
+        at
+    }
+
+    fn admit(&self, state: &mut KeyState, account: Option<&Arc<str>>, now: Instant) {
+        state.in_flight += 1;
+        if state.in_flight == 1 {
+            state.oldest_lease = Some(now);
+        }
+        if let (Some(_), Some(a)) = (self.limits.max_concurrent_per_account, account) {
+            *state.accounts.entry(a.clone()).or_insert(0) += 1;
+        }
+        state.last_admit = Some(now);
+        if self.limits.window.is_some() {
+            state.window.push_back(now);
+        }
+        self.metrics.admitted.increment(1);
+    }
+
+    fn release(&self, state: &mut KeyState, account: Option<&Arc<str>>) {
+        state.in_flight -= 1;
+        if state.in_flight == 0 {
+            state.oldest_lease = None;
+        }
+        if let Some(a) = account
+            && let Some(n) = state.accounts.get_mut(a)
+        {
+            *n -= 1;
+            if *n == 0 {
+                state.accounts.remove(a);
+            }
+        }
+    }
+
+    /// Admits waiters in FIFO order while they can run; wakes the first one that must wait
+    /// for time so it arms its timer. Returns that waiter and the instant it waits for.
+    fn pump(&self, state: &mut KeyState, now: Instant) -> Option<(u64, Instant)> {
+        loop {
+            if !self.has_capacity(state) {
+                return None;
+            }
+            let pos = state
+                .queue
+                .iter()
+                .position(|id| self.account_has_room(state, state.waiters[id].account.as_ref()))?;
+            let id = state.queue[pos];
+            let at = self.ready_at(state, now);
+            if at > now {
+                let waiter = state.waiters.get_mut(&id).expect("queued waiters exist");
+                if waiter.armed != Some(at) {
+                    if let Some(w) = &waiter.waker {
+                        w.wake_by_ref();
+                    }
+                }
+                return Some((id, at));
+            }
+            state.queue.remove(pos);
+            let account = state.waiters[&id].account.clone();
+            self.admit(state, account.as_ref(), now);
+            let waiter = state.waiters.get_mut(&id).expect("queued waiters exist");
+            waiter.granted = true;
+            self.metrics
+                .wait
+                .record((now - waiter.enqueued).as_secs_f64());
+            if let Some(w) = waiter.waker.take() {
+                w.wake();
+            }
+            self.metrics.depth.set(state.queue.len() as f64);
+        }
+    }
+
+    /// How long a newcomer at queue position `position` (1 = next) can expect to wait: the
+    /// admissions ahead of it times the key's service interval, and at least the cooldown.
+    fn estimate_wait(&self, state: &mut KeyState, position: usize, now: Instant) -> Duration {
+        let mut interval = self.limits.pacing();
+        if let Some(window) = self.limits.window {
+            interval = interval.max(window.length / window.max.get());
+        }
+        if let Some(max) = self.limits.max_concurrent {
+            // Calls hold their place about `hold` each (the measured average); `max` run side
+            // by side. Before any call finished, the running calls' age is a lower bound,
+            // and 1 s the prior while nothing at all was seen.
+            let hold = state
+                .hold_avg
+                .or_else(|| state.oldest_lease.map(|t| (now - t).max(UNKNOWN_HOLD)))
+                .unwrap_or(UNKNOWN_HOLD);
+            interval = interval.max(hold / max.get() as u32);
+        }
+        // The first place frees when time allows and, at capacity, when a running call ends.
+        let mut first = self.ready_at(state, now) - now;
+        if !self.has_capacity(state) {
+            first = first.max(interval);
+        }
+        let wait = first + interval * (position.saturating_sub(1) as u32);
+        wait.max(interval).max(Duration::from_millis(1))
+    }
+}
+
+/// Future returned by [`ResourceLimiter::acquire`]; resolves to a [`Lease`].
+///
+/// Dropping it while it waits removes it from the queue at once.
+pub struct Acquire {
+    key: Arc<Key>,
+    account: Option<Arc<str>>,
+    state: AcquireState,
+}
+
+enum AcquireState {
+    Start,
+    Waiting {
+        id: u64,
+        enqueued: Instant,
+        deadline: Option<Pin<Box<Sleep>>>,
+        timer: Option<Pin<Box<Sleep>>>,
+    },
+    Done,
+}
+
+impl fmt::Debug for Acquire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Acquire")
+            .field("key", &self.key.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Acquire {
+    fn lease(&self, queue_wait: Duration) -> Lease {
+        Lease {
+            key: self.key.clone(),
+            account: self.account.clone(),
+            admitted: Instant::now(),
+            queue_wait,
+        }
+    }
+
+    fn start(&mut self, now: Instant) -> Result<Option<Lease>, AcquireError> {
+        let key = self.key.clone();
+        let mut state = key.lock();
+        if state.queue.is_empty()
+            && key.has_capacity(&state)
+            && key.account_has_room(&state, self.account.as_ref())
+            && key.ready_at(&mut state, now) <= now
+        {
+            key.admit(&mut state, self.account.as_ref(), now);
+            key.metrics.wait.record(0.0);
+            return Ok(Some(self.lease(Duration::ZERO)));
+        }
+        let limits = key.limits;
+        if let Some(until) = state.cooldown_until.filter(|&u| u > now) {
+            let cannot_wait = limits.max_queue_depth == Some(0)
+                || limits.queue_timeout.is_some_and(|t| now + t < until);
+            if cannot_wait {
+                key.metrics.rejected_cooldown.increment(1);
+                return Err(AcquireError::UpstreamRateLimited {
+                    retry_after: until - now,
+                });
+            }
+        }
+        if limits
+            .max_queue_depth
+            .is_some_and(|depth| state.queue.len() >= depth)
+        {
+            let position = state.queue.len() + 1;
+            let retry_after = key.estimate_wait(&mut state, position, now);
+            key.metrics.rejected_full.increment(1);
+            return Err(AcquireError::QueueFull {
+                depth: state.queue.len(),
+                retry_after,
+            });
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        state.queue.push_back(id);
+        state.waiters.insert(
+            id,
+            Waiter {
+                account: self.account.clone(),
+                enqueued: now,
+                waker: None,
+                granted: false,
+                armed: None,
+            },
+        );
+        key.metrics.queued.increment(1);
+        key.metrics.depth.set(state.queue.len() as f64);
+        self.state = AcquireState::Waiting {
+            id,
+            enqueued: now,
+            deadline: limits
+                .queue_timeout
+                .map(|t| Box::pin(tokio::time::sleep_until(now + t))),
+            timer: None,
+        };
+        Ok(None)
+    }
+}
+
+impl Future for Acquire {
+    type Output = Result<Lease, AcquireError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if let AcquireState::Start = this.state {
+            match this.start(Instant::now()) {
+                Ok(Some(lease)) => {
+                    this.state = AcquireState::Done;
+                    return Poll::Ready(Ok(lease));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    this.state = AcquireState::Done;
+                    return Poll::Ready(Err(e));
+                }
+            }
+        }
+        let key = this.key.clone();
+        loop {
+            let AcquireState::Waiting {
+                id,
+                enqueued,
+                deadline,
+                timer,
+            } = &mut this.state
+            else {
+                panic!("Acquire polled after completion");
+            };
+            let (id, enqueued) = (*id, *enqueued);
+            let now = Instant::now();
+            let mut state = key.lock();
+            let blocked = key.pump(&mut state, now);
+            if state.waiters[&id].granted {
+                state.waiters.remove(&id);
+                drop(state);
+                this.state = AcquireState::Done;
+                return Poll::Ready(Ok(this.lease(now - enqueued)));
+            }
+            if deadline.as_mut().is_some_and(|d| d.deadline() <= now) {
+                let position = state.queue.iter().position(|&q| q == id).unwrap_or(0) + 1;
+                let retry_after = key.estimate_wait(&mut state, position, now);
+                state.queue.retain(|&q| q != id);
+                state.waiters.remove(&id);
+                key.metrics.depth.set(state.queue.len() as f64);
+                key.metrics.rejected_timeout.increment(1);
+                key.pump(&mut state, now);
+                drop(state);
+                this.state = AcquireState::Done;
+                return Poll::Ready(Err(AcquireError::QueueTimeout {
+                    waited: now - enqueued,
+                    retry_after,
+                }));
+            }
+            let waiter = state.waiters.get_mut(&id).expect("waiting waiters exist");
+            if waiter
+                .waker
+                .as_ref()
+                .is_none_or(|w| !w.will_wake(cx.waker()))
+            {
+                waiter.waker = Some(cx.waker().clone());
+            }
+            match blocked {
+                Some((first, at)) if first == id => {
+                    waiter.armed = Some(at);
+                    match timer {
+                        Some(t) => t.as_mut().reset(at),
+                        None => *timer = Some(Box::pin(tokio::time::sleep_until(at))),
+                    }
+                }
+                _ => {
+                    waiter.armed = None;
+                    *timer = None;
+                }
+            }
+            drop(state);
+            let timer_fired = timer
+                .as_mut()
+                .is_some_and(|t| t.as_mut().poll(cx).is_ready());
+            let deadline_fired = deadline
+                .as_mut()
+                .is_some_and(|d| d.as_mut().poll(cx).is_ready());
+            if !timer_fired && !deadline_fired {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl Drop for Acquire {
+    fn drop(&mut self) {
+        let AcquireState::Waiting { id, .. } = self.state else {
+            return;
+        };
+        let key = &self.key;
+        let mut state = key.lock();
+        let Some(waiter) = state.waiters.remove(&id) else {
+            return;
+        };
+        if waiter.granted {
+            // Admitted but never picked up: give the place back.
+            key.release(&mut state, waiter.account.as_ref());
+        } else {
+            state.queue.retain(|&q| q != id);
+            key.metrics.depth.set(state.queue.len() as f64);
+        }
+        key.pump(&mut state, Instant::now());
+    }
+}
+
+/// A place on a key. Dropping it (success, error, panic, cancellation) frees the place and
+/// admits the next waiter.
+pub struct Lease {
+    key: Arc<Key>,
+    account: Option<Arc<str>>,
+    admitted: Instant,
+    queue_wait: Duration,
+}
+
+impl Lease {
+    /// How long the call waited in the queue (seed 000 `queueWaitMs`).
+    pub fn queue_wait(&self) -> Duration {
+        self.queue_wait
+    }
+
+    /// The key this lease holds a place on.
+    pub fn key(&self) -> &str {
+        &self.key.name
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.key.name)
+            .field("queue_wait", &self.queue_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        let held = now - self.admitted;
+        let mut state = self.key.lock();
+        state.hold_avg = Some(match state.hold_avg {
+            None => held,
+            Some(avg) => avg.mul_f64(1.0 - HOLD_ALPHA) + held.mul_f64(HOLD_ALPHA),
+        });
+        self.key.release(&mut state, self.account.as_ref());
+        self.key.pump(&mut state, now);
+    }
+}

@@ -1,0 +1,137 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use http::Request;
+use tower::{BoxError, Service, ServiceExt};
+
+use super::body::LeaseBody;
+use super::future::ResponseFuture;
+use super::layer::Shared;
+use super::{Acquire, QueueWait};
+use crate::call::Calls;
+use crate::mcp::{reply, verdict};
+
+/// The FIFO limiter for inbound MCP tool calls. Built by [`FifoLimitLayer`](super::FifoLimitLayer).
+pub struct FifoLimit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> FifoLimit<S> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        FifoLimit { inner, shared }
+    }
+}
+
+impl<S: Clone> Clone for FifoLimit<S> {
+    fn clone(&self) -> Self {
+        FifoLimit {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for FifoLimit<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FifoLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, ResBody> Service<Request<Body>> for FifoLimit<S>
+where
+    S: Service<Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let acquires = self.acquires(req.extensions().get::<Calls>());
+        if acquires.is_empty() {
+            let clone = self.inner.clone();
+            let mut inner = std::mem::replace(&mut self.inner, clone);
+            return ResponseFuture::passthrough(inner.call(req));
+        }
+        // A call that waits takes an unreadied clone and readies it after the wait, so no
+        // readiness (a reserved slot of an inner limit) is held while it queues.
+        let mut inner = self.inner.clone();
+        ResponseFuture::limited(Box::pin(async move {
+            let mut leases = Vec::with_capacity(acquires.len());
+            let mut rejected = Vec::new();
+            for (indices, acquire) in acquires {
+                match acquire.await {
+                    Ok(lease) => leases.push(lease),
+                    Err(e) => {
+                        let rejection = e.to_rejection();
+                        rejected.extend(indices.into_iter().map(|i| (i, rejection.clone())));
+                    }
+                }
+            }
+            rejected.sort_by_key(|(i, _)| *i);
+            let queue_wait = leases
+                .iter()
+                .map(|l| l.queue_wait())
+                .max()
+                .unwrap_or(Duration::ZERO);
+            match verdict::apply(req, &rejected) {
+                verdict::Verdict::Answer(response) => Ok(response),
+                verdict::Verdict::Forward { request, merge } => {
+                    let response = inner.ready().await?.call(request).await?;
+                    let mut response = response.map(|b| Body::new(LeaseBody::new(b, leases)));
+                    response.extensions_mut().insert(QueueWait(queue_wait));
+                    Ok(match merge {
+                        Some(elements) => reply::merge(response, elements).await,
+                        None => response,
+                    })
+                }
+            }
+        }))
+    }
+}
+
+impl<S> FifoLimit<S> {
+    /// One acquisition per distinct resource key among the request's tool calls, in key order
+    /// (so two batches never wait for each other's keys crosswise), each with the indices of
+    /// the calls it covers. A batch holds at most one place per key.
+    fn acquires(&self, calls: Option<&Calls>) -> Vec<(Vec<usize>, Acquire)> {
+        let Some(calls) = calls else {
+            return Vec::new();
+        };
+        let mut wanted: Vec<(&str, usize, Option<&str>)> = calls
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_chargeable())
+            .filter_map(|(i, c)| {
+                let tool = c.tool.as_deref()?;
+                Some((self.shared.key_of(tool), i, Some(c.tenant.as_str())))
+            })
+            .collect();
+        wanted.sort_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));
+        let mut out: Vec<(Vec<usize>, Acquire)> = Vec::with_capacity(wanted.len());
+        let mut last: Option<&str> = None;
+        for (key, i, account) in wanted {
+            if last == Some(key) {
+                out.last_mut().expect("a previous key").0.push(i);
+                continue;
+            }
+            last = Some(key);
+            out.push((vec![i], self.shared.limiter.acquire(key, account)));
+        }
+        out
+    }
+}

@@ -1,0 +1,93 @@
+//! Applying per-element decisions to a classified request: answer it, forward it, or forward
+//! the admitted part of a batch and merge the refusals into the answer.
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderValue, Request, header};
+
+use super::reply;
+use crate::call::{Call, Calls};
+use crate::rejection::Rejection;
+
+/// What to do with a request once each of its calls was decided.
+pub(crate) enum Verdict {
+    /// Call the inner service; merge these answers to refused elements into its answer.
+    Forward {
+        request: Request<Body>,
+        merge: Option<Vec<Vec<u8>>>,
+    },
+    /// Every element was refused: answer without calling the inner service.
+    Answer(Response),
+}
+
+/// Applies `rejected` (indices into the request's [`Calls`], ascending) to `request`.
+pub(crate) fn apply(mut request: Request<Body>, rejected: &[(usize, Rejection)]) -> Verdict {
+    for (_, r) in rejected {
+        ::metrics::counter!(
+            crate::metrics::REJECTED,
+            "reason" => r.reason().as_str(),
+            "scope" => r.scope().as_str(),
+        )
+        .increment(1);
+    }
+    let Some(calls) = request
+        .extensions()
+        .get::<Calls>()
+        .filter(|_| !rejected.is_empty())
+    else {
+        return Verdict::Forward {
+            request,
+            merge: None,
+        };
+    };
+    if rejected.len() == calls.len() {
+        return Verdict::Answer(reply::rejection_response(calls, rejected));
+    }
+    let merge = reply::rejection_elements(calls, rejected);
+    let remaining = without(calls, rejected);
+    let body = remaining.body.clone();
+    request
+        .headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    request.extensions_mut().insert(remaining);
+    *request.body_mut() = Body::from(body);
+    Verdict::Forward {
+        request,
+        merge: Some(merge),
+    }
+}
+
+/// `calls` without the `rejected` elements: a new batch body of the others' exact bytes.
+fn without(calls: &Calls, rejected: &[(usize, Rejection)]) -> Calls {
+    let mut skip = rejected.iter().map(|(i, _)| *i).peekable();
+    let kept: Vec<usize> = (0..calls.len())
+        .filter(|i| {
+            if skip.peek() == Some(i) {
+                skip.next();
+                false
+            } else {
+                true
+            }
+        })
+        .collect();
+    let raws: Vec<Bytes> = kept.iter().map(|&i| calls.raw(i)).collect();
+    let body = Bytes::from(reply::join_array(&raws));
+    let mut offset = 1;
+    let list: Vec<Call> = kept
+        .iter()
+        .zip(&raws)
+        .map(|(&i, raw)| {
+            let mut call = calls.calls[i].clone();
+            call.span = offset..offset + raw.len();
+            offset += raw.len() + 1;
+            call
+        })
+        .collect();
+    Calls {
+        calls: list,
+        batch: true,
+        body,
+        format: calls.format.clone(),
+    }
+}
