@@ -32,15 +32,15 @@ async fn until(mut cond: impl FnMut() -> bool) {
     panic!("condition never held");
 }
 
+/// Who was admitted when: `(index, admitted at - start)`.
+type AdmissionLog = Arc<Mutex<Vec<(usize, Duration)>>>;
+
 /// Spawns `n` acquirers that record `(index, admitted at - start)` and release at once.
 fn spawn_recorders(
     limiter: &ResourceLimiter,
     n: usize,
     start: Instant,
-) -> (
-    Arc<Mutex<Vec<(usize, Duration)>>>,
-    Vec<tokio::task::JoinHandle<()>>,
-) {
+) -> (AdmissionLog, Vec<tokio::task::JoinHandle<()>>) {
     let log = Arc::new(Mutex::new(Vec::new()));
     let handles = (0..n)
         .map(|i| {

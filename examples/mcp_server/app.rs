@@ -19,6 +19,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, ServerHandler, schemars, tool, tool_handler, tool_router};
 use serde::Deserialize;
 use stormgate::classify::ClassifyLayer;
+use stormgate::fifo::FifoConfig;
 use tokio::sync::Semaphore;
 
 /// Connections in the shared database pool.
@@ -185,10 +186,32 @@ pub(crate) fn mcp_router(backend: Arc<Backend>) -> Router {
     Router::new().nest_service("/mcp", mcp_service(backend))
 }
 
-/// The whole example application: `/mcp` wrapped by stormgate, and `/metrics`.
-pub(crate) fn app(backend: Arc<Backend>, metrics: PrometheusHandle) -> Router {
-    mcp_router(backend).layer(ClassifyLayer::new()).route(
-        "/metrics",
-        get(move || std::future::ready(metrics.render())),
-    )
+/// The example configuration file.
+pub(crate) const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/stormgate.toml");
+
+/// The parts of the configuration file the example reads.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct Config {
+    #[serde(default)]
+    pub(crate) fifo: FifoConfig,
+}
+
+impl Config {
+    /// Reads and parses a TOML configuration file.
+    pub(crate) fn load(path: &str) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        toml::from_str(&text).map_err(|e| format!("{path}: {e}"))
+    }
+}
+
+/// The whole example application: `/mcp` wrapped by stormgate (outermost first: classify,
+/// then the per-resource FIFO limiter), and `/metrics`.
+pub(crate) fn app(backend: Arc<Backend>, config: &Config, metrics: PrometheusHandle) -> Router {
+    mcp_router(backend)
+        .layer(config.fifo.layer())
+        .layer(ClassifyLayer::new())
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        )
 }

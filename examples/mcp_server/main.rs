@@ -3,7 +3,9 @@
 //! ```text
 //! cargo run --release --example mcp_server -- --addr 127.0.0.1:3000
 //! ```
-//! The address also comes from `STORMGATE_ADDR`; the default is 127.0.0.1:3000.
+//! The address also comes from `STORMGATE_ADDR`; the default is 127.0.0.1:3000. The
+//! configuration file is `--config PATH` or `STORMGATE_CONFIG`, by default
+//! `examples/stormgate.toml`.
 
 mod app;
 
@@ -11,18 +13,18 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 
 const DEFAULT_ADDR: &str = "127.0.0.1:3000";
 
-fn addr() -> String {
+/// The value of `--name VALUE` or `--name=VALUE`, else of the environment variable `env`.
+fn flag(name: &str, env: &str) -> Option<String> {
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        if arg == "--addr" {
-            if let Some(addr) = args.next() {
-                return addr;
-            }
-        } else if let Some(addr) = arg.strip_prefix("--addr=") {
-            return addr.to_owned();
+        if arg == name {
+            return args.next();
+        }
+        if let Some(value) = arg.strip_prefix(name).and_then(|v| v.strip_prefix('=')) {
+            return Some(value.to_owned());
         }
     }
-    std::env::var("STORMGATE_ADDR").unwrap_or_else(|_| DEFAULT_ADDR.to_owned())
+    std::env::var(env).ok()
 }
 
 #[tokio::main]
@@ -30,8 +32,12 @@ async fn main() -> std::io::Result<()> {
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .map_err(std::io::Error::other)?;
-    let app = app::app(app::Backend::new(), metrics);
-    let listener = tokio::net::TcpListener::bind(addr()).await?;
+    let config_path =
+        flag("--config", "STORMGATE_CONFIG").unwrap_or_else(|| app::CONFIG.to_owned());
+    let config = app::Config::load(&config_path).map_err(std::io::Error::other)?;
+    let app = app::app(app::Backend::new(), &config, metrics);
+    let addr = flag("--addr", "STORMGATE_ADDR").unwrap_or_else(|| DEFAULT_ADDR.to_owned());
+    let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     println!(
         "stormgate example MCP server on http://{local}/mcp (metrics: http://{local}/metrics)"

@@ -21,6 +21,15 @@ pin_project! {
     }
 }
 
+impl<B: std::fmt::Debug> std::fmt::Debug for LeaseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseBody")
+            .field("inner", &self.inner)
+            .field("leases", &self.leases)
+            .finish()
+    }
+}
+
 impl<B> LeaseBody<B> {
     /// `inner`, holding `leases` until it ends.
     pub fn new(inner: B, leases: Vec<Lease>) -> Self {

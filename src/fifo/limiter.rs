@@ -340,10 +340,10 @@ impl Key {
             let at = self.ready_at(state, now);
             if at > now {
                 let waiter = state.waiters.get_mut(&id).expect("queued waiters exist");
-                if waiter.armed != Some(at) {
-                    if let Some(w) = &waiter.waker {
-                        w.wake_by_ref();
-                    }
+                if waiter.armed != Some(at)
+                    && let Some(w) = &waiter.waker
+                {
+                    w.wake_by_ref();
                 }
                 return Some((id, at));
             }
@@ -385,7 +385,7 @@ impl Key {
             first = first.max(interval);
         }
         let wait = first + interval * (position.saturating_sub(1) as u32);
-        wait.max(interval).max(Duration::from_millis(1))
+        wait.max(Duration::from_millis(1))
     }
 }
 
@@ -418,11 +418,11 @@ impl fmt::Debug for Acquire {
 }
 
 impl Acquire {
-    fn lease(&self, queue_wait: Duration) -> Lease {
+    fn lease(&self, admitted: Instant, queue_wait: Duration) -> Lease {
         Lease {
             key: self.key.clone(),
             account: self.account.clone(),
-            admitted: Instant::now(),
+            admitted,
             queue_wait,
         }
     }
@@ -437,7 +437,7 @@ impl Acquire {
         {
             key.admit(&mut state, self.account.as_ref(), now);
             key.metrics.wait.record(0.0);
-            return Ok(Some(self.lease(Duration::ZERO)));
+            return Ok(Some(self.lease(now, Duration::ZERO)));
         }
         let limits = key.limits;
         if let Some(until) = state.cooldown_until.filter(|&u| u > now) {
@@ -526,7 +526,7 @@ impl Future for Acquire {
                 state.waiters.remove(&id);
                 drop(state);
                 this.state = AcquireState::Done;
-                return Poll::Ready(Ok(this.lease(now - enqueued)));
+                return Poll::Ready(Ok(this.lease(now, now - enqueued)));
             }
             if deadline.as_mut().is_some_and(|d| d.deadline() <= now) {
                 let position = state.queue.iter().position(|&q| q == id).unwrap_or(0) + 1;

@@ -33,6 +33,7 @@
 //! ```
 
 mod body;
+mod config;
 mod error;
 pub mod future;
 mod layer;
@@ -45,6 +46,7 @@ mod service;
 use std::time::Duration;
 
 pub use body::LeaseBody;
+pub use config::FifoConfig;
 pub use error::AcquireError;
 pub use layer::FifoLimitLayer;
 pub use limiter::{

@@ -13,7 +13,7 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 use super::body::LeaseBody;
 use super::{QueueWait, ResourceLimiter, parse_retry_after};
 
-type KeyFn<B> = Arc<dyn Fn(&Request<B>) -> String + Send + Sync>;
+type KeyFn = Arc<dyn Fn(&http::Uri) -> String + Send + Sync>;
 
 /// Limits an outbound HTTP client per upstream (seed 000: `rateLimitGroup` defaults to the
 /// host), and feeds upstream 429s back into the key's cooldown by itself.
@@ -23,28 +23,28 @@ type KeyFn<B> = Arc<dyn Fn(&Request<B>) -> String + Send + Sync>;
 /// `Retry-After` (either form; 1 s when absent) to
 /// [`ResourceLimiter::report_upstream_rate_limit`] and is returned to the caller as is. The
 /// place is held until the response body ends.
-pub struct OutboundLimitLayer<B> {
+pub struct OutboundLimitLayer {
     limiter: ResourceLimiter,
-    key: KeyFn<B>,
+    key: KeyFn,
 }
 
-impl<B> OutboundLimitLayer<B> {
+impl OutboundLimitLayer {
     /// Keyed by the request URI's host (`"unknown"` when it has none).
     pub fn new(limiter: ResourceLimiter) -> Self {
         OutboundLimitLayer {
             limiter,
-            key: Arc::new(|req: &Request<B>| req.uri().host().unwrap_or("unknown").to_owned()),
+            key: Arc::new(|uri: &http::Uri| uri.host().unwrap_or("unknown").to_owned()),
         }
     }
 
-    /// Keyed by `key(request)` instead, e.g. to make several hosts share one quota.
-    pub fn key_fn(mut self, key: impl Fn(&Request<B>) -> String + Send + Sync + 'static) -> Self {
+    /// Keyed by `key(uri)` instead, e.g. to make several hosts share one quota.
+    pub fn key_fn(mut self, key: impl Fn(&http::Uri) -> String + Send + Sync + 'static) -> Self {
         self.key = Arc::new(key);
         self
     }
 }
 
-impl<B> Clone for OutboundLimitLayer<B> {
+impl Clone for OutboundLimitLayer {
     fn clone(&self) -> Self {
         OutboundLimitLayer {
             limiter: self.limiter.clone(),
@@ -53,7 +53,7 @@ impl<B> Clone for OutboundLimitLayer<B> {
     }
 }
 
-impl<B> fmt::Debug for OutboundLimitLayer<B> {
+impl fmt::Debug for OutboundLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutboundLimitLayer")
             .field("limiter", &self.limiter)
@@ -61,10 +61,10 @@ impl<B> fmt::Debug for OutboundLimitLayer<B> {
     }
 }
 
-impl<S, B> Layer<S> for OutboundLimitLayer<B> {
-    type Service = OutboundLimit<S, B>;
+impl<S> Layer<S> for OutboundLimitLayer {
+    type Service = OutboundLimit<S>;
 
-    fn layer(&self, inner: S) -> OutboundLimit<S, B> {
+    fn layer(&self, inner: S) -> OutboundLimit<S> {
         OutboundLimit {
             inner,
             limiter: self.limiter.clone(),
@@ -74,13 +74,13 @@ impl<S, B> Layer<S> for OutboundLimitLayer<B> {
 }
 
 /// The outbound FIFO limiter. Built by [`OutboundLimitLayer`].
-pub struct OutboundLimit<S, B> {
+pub struct OutboundLimit<S> {
     inner: S,
     limiter: ResourceLimiter,
-    key: KeyFn<B>,
+    key: KeyFn,
 }
 
-impl<S: Clone, B> Clone for OutboundLimit<S, B> {
+impl<S: Clone> Clone for OutboundLimit<S> {
     fn clone(&self) -> Self {
         OutboundLimit {
             inner: self.inner.clone(),
@@ -90,7 +90,7 @@ impl<S: Clone, B> Clone for OutboundLimit<S, B> {
     }
 }
 
-impl<S: fmt::Debug, B> fmt::Debug for OutboundLimit<S, B> {
+impl<S: fmt::Debug> fmt::Debug for OutboundLimit<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutboundLimit")
             .field("inner", &self.inner)
@@ -101,7 +101,7 @@ impl<S: fmt::Debug, B> fmt::Debug for OutboundLimit<S, B> {
 /// Response future of [`OutboundLimit`].
 pub type OutboundFuture<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
 
-impl<S, B, RB> Service<Request<B>> for OutboundLimit<S, B>
+impl<S, B, RB> Service<Request<B>> for OutboundLimit<S>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send,
@@ -119,7 +119,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let key = (self.key)(&req);
+        let key = (self.key)(req.uri());
         let acquire = self.limiter.acquire(&key, None);
         let limiter = self.limiter.clone();
         let inner = self.inner.clone();

@@ -1,0 +1,181 @@
+//! The FIFO layer in front of the example server (in process, paused time: exact).
+
+#[path = "../examples/mcp_server/app.rs"]
+mod app;
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use http::Request;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use stormgate::classify::ClassifyLayer;
+use stormgate::fifo::{FifoLimitLayer, QueueWait, ResourceLimiter, ResourceLimits};
+use tower::ServiceExt;
+
+fn request(session: Option<&str>, body: Value) -> Request<Body> {
+    let mut req = Request::post("/mcp")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("host", "localhost");
+    if let Some(s) = session {
+        req = req
+            .header("mcp-session-id", s)
+            .header("mcp-protocol-version", "2025-11-25");
+    }
+    req.body(Body::from(body.to_string())).unwrap()
+}
+
+/// The JSON-RPC message of an answer: the JSON body, or the SSE event carrying a result/error.
+async fn message(res: http::Response<Body>) -> (Value, Option<QueueWait>) {
+    let wait = res.extensions().get::<QueueWait>().copied();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let json = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .find(|d| d.contains("\"jsonrpc\""))
+        .unwrap_or(text.trim())
+        .to_owned();
+    (serde_json::from_str(&json).unwrap(), wait)
+}
+
+async fn session(router: &Router) -> String {
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
+    let res = router.clone().oneshot(request(None, init)).await.unwrap();
+    let id = res.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    message(res).await;
+    let done = json!({"jsonrpc":"2.0","method":"notifications/initialized"});
+    router
+        .clone()
+        .oneshot(request(Some(&id), done))
+        .await
+        .unwrap();
+    id
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_sql_scans_get_the_expected_mix() {
+    let limiter = ResourceLimiter::builder()
+        .key(
+            "db",
+            ResourceLimits::default()
+                .max_concurrent(NonZeroUsize::new(2).unwrap())
+                .max_queue_depth(4)
+                .queue_timeout(Duration::from_secs(1)),
+        )
+        .key(
+            "vector_search",
+            ResourceLimits::default()
+                .max_concurrent(NonZeroUsize::MIN)
+                .queue_timeout(Duration::from_millis(120)),
+        )
+        .build();
+    let backend = app::Backend::new();
+    let router = app::mcp_router(backend.clone())
+        .layer(FifoLimitLayer::new(limiter).tool_key("sql_scan", "db"))
+        .layer(ClassifyLayer::new());
+    let sid = session(&router).await;
+
+    let call = |i: usize, tool: &str, args: Value| {
+        let router = router.clone();
+        let req = request(
+            Some(&sid),
+            json!({"jsonrpc":"2.0","id":i,"method":"tools/call","params":{"name":tool,"arguments":args}}),
+        );
+        tokio::spawn(async move { message(router.oneshot(req).await.unwrap()).await })
+    };
+    let scans: Vec<_> = (1..=20)
+        .map(|i| call(i, "sql_scan", json!({"table": format!("t{i}")})))
+        .collect();
+    let searches: Vec<_> = (21..=25)
+        .map(|i| call(i, "vector_search", json!({"query": format!("q{i}")})))
+        .collect();
+
+    let mut ok_waits = Vec::new();
+    let mut reasons = Vec::new();
+    for h in scans {
+        let (msg, wait) = h.await.unwrap();
+        if let Some(err) = msg.get("error") {
+            assert_eq!(err["code"], -32029);
+            assert_eq!(err["data"]["scope"], "resource");
+            assert!(err["data"]["retry_after_ms"].as_u64().unwrap() > 0);
+            reasons.push(err["data"]["reason"].as_str().unwrap().to_owned());
+        } else {
+            assert_eq!(msg["result"]["isError"], false, "{msg}");
+            ok_waits.push(wait.unwrap().0.as_millis());
+        }
+    }
+    ok_waits.sort();
+    // 2 run at once, 4 wait (each pair 200 ms behind the last), 14 find the queue full.
+    assert_eq!(ok_waits, [0, 0, 200, 200, 400, 400]);
+    assert_eq!(reasons, vec!["queue_full".to_owned(); 14]);
+    assert_eq!(backend.scans(), 6);
+
+    // One vector_search at a time, 50 ms each, 120 ms patience: 3 run, 2 time out.
+    let mut outcomes = Vec::new();
+    for h in searches {
+        let (msg, wait) = h.await.unwrap();
+        match msg.get("error") {
+            Some(err) => {
+                assert_eq!(err["data"]["reason"], "queue_timeout");
+                outcomes.push(format!("timeout after {}", err["data"]["queue_wait_ms"]));
+            }
+            None => outcomes.push(format!("ok after {}", wait.unwrap().0.as_millis())),
+        }
+    }
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [
+            "ok after 0",
+            "ok after 100",
+            "ok after 50",
+            "timeout after 120",
+            "timeout after 120"
+        ]
+    );
+}
+
+#[test]
+fn the_example_config_holds_the_seed_presets() {
+    let config = app::Config::load(app::CONFIG).unwrap();
+    let limiter = config.fifo.limiter();
+    assert_eq!(
+        limiter.limits("export.arxiv.org"),
+        ResourceLimits::arxiv().rate_per_second(std::num::NonZeroU32::new(5).unwrap())
+    );
+    assert_eq!(
+        limiter.limits("export.arxiv.org").pacing(),
+        ResourceLimits::arxiv().pacing()
+    );
+    assert_eq!(
+        limiter.limits("eutils.ncbi.nlm.nih.gov"),
+        ResourceLimits::ncbi_eutils()
+    );
+    assert_eq!(
+        limiter.limits("rest.uniprot.org"),
+        ResourceLimits::public_api()
+    );
+    let db = limiter.limits("db");
+    assert_eq!(db.max_concurrent, NonZeroUsize::new(4));
+    assert_eq!(db.max_queue_depth, Some(8));
+    assert_eq!(db.queue_timeout, Some(Duration::from_secs(2)));
+    assert!(limiter.limits("cache_get").is_unlimited());
+    assert_eq!(config.fifo.tools["sql_scan"], "db");
+    let gitee = limiter.limits("gitee");
+    assert_eq!(gitee.window.unwrap().max.get(), 5);
+    assert_eq!(gitee.max_concurrent_per_account, NonZeroUsize::new(2));
+}
+
+#[test]
+fn an_invalid_config_names_the_field() {
+    let err = toml::from_str::<app::Config>("[fifo.keys.db]\nmax_concurrent = 0\n").unwrap_err();
+    assert!(err.to_string().contains("max_concurrent"), "{err}");
+    let err = toml::from_str::<app::Config>("[fifo.keys.db]\nmax_queue = 3\n").unwrap_err();
+    assert!(err.to_string().contains("max_queue"), "{err}");
+}
