@@ -143,9 +143,14 @@ impl ResourceLimiter {
     /// [`AcquireError::UpstreamRateLimited`] when the key is cooling down for longer than the
     /// caller could wait; after `queue_timeout` with [`AcquireError::QueueTimeout`].
     pub fn acquire(&self, key: &str, account: Option<&str>) -> Acquire {
+        let key = self.key(key);
+        // The account only matters (and is only copied) where accounts are limited.
+        let account = account
+            .filter(|_| key.limits.max_concurrent_per_account.is_some())
+            .map(Arc::from);
         Acquire {
-            key: self.key(key),
-            account: account.map(Arc::from),
+            key,
+            account,
             state: AcquireState::Start,
         }
     }
@@ -235,7 +240,8 @@ struct Waiter {
     account: Option<Arc<str>>,
     enqueued: Instant,
     waker: Option<Waker>,
-    granted: bool,
+    /// When the pump admitted it; the waiter picks its lease up at its next poll.
+    granted: Option<Instant>,
     /// The time this waiter armed its timer for, so the pump does not wake it again for it.
     armed: Option<Instant>,
 }
@@ -351,7 +357,7 @@ impl Key {
             let account = state.waiters[&id].account.clone();
             self.admit(state, account.as_ref(), now);
             let waiter = state.waiters.get_mut(&id).expect("queued waiters exist");
-            waiter.granted = true;
+            waiter.granted = Some(now);
             self.metrics
                 .wait
                 .record((now - waiter.enqueued).as_secs_f64());
@@ -471,7 +477,7 @@ impl Acquire {
                 account: self.account.clone(),
                 enqueued: now,
                 waker: None,
-                granted: false,
+                granted: None,
                 armed: None,
             },
         );
@@ -522,11 +528,11 @@ impl Future for Acquire {
             let now = Instant::now();
             let mut state = key.lock();
             let blocked = key.pump(&mut state, now);
-            if state.waiters[&id].granted {
+            if let Some(at) = state.waiters[&id].granted {
                 state.waiters.remove(&id);
                 drop(state);
                 this.state = AcquireState::Done;
-                return Poll::Ready(Ok(this.lease(now, now - enqueued)));
+                return Poll::Ready(Ok(this.lease(at, at - enqueued)));
             }
             if deadline.as_mut().is_some_and(|d| d.deadline() <= now) {
                 let position = state.queue.iter().position(|&q| q == id).unwrap_or(0) + 1;
@@ -588,7 +594,7 @@ impl Drop for Acquire {
         let Some(waiter) = state.waiters.remove(&id) else {
             return;
         };
-        if waiter.granted {
+        if waiter.granted.is_some() {
             // Admitted but never picked up: give the place back.
             key.release(&mut state, waiter.account.as_ref());
         } else {
