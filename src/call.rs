@@ -160,6 +160,8 @@ pub struct Call {
     pub header_mismatch: bool,
     /// Byte range of this message inside the request body.
     pub(crate) span: Range<usize>,
+    /// Position of this message in the body the client sent (kept when a batch is split).
+    pub(crate) seq: u32,
 }
 
 impl CallKind {
@@ -191,6 +193,7 @@ impl Call {
             cost: 1,
             header_mismatch: false,
             span: 0..0,
+            seq: 0,
         }
     }
 
@@ -210,6 +213,12 @@ impl Call {
     /// Sets the session.
     pub fn with_session(mut self, session: SessionId) -> Self {
         self.session = session;
+        self
+    }
+
+    /// Sets the cost.
+    pub fn with_cost(mut self, cost: u32) -> Self {
+        self.cost = cost;
         self
     }
 

@@ -38,11 +38,15 @@
 //! ```
 
 pub mod admit;
+pub mod budget;
 pub mod call;
 pub mod classify;
+pub mod cost;
+mod duration_ms;
 pub mod fifo;
 pub mod mcp;
 pub mod metrics;
+pub mod outcome;
 pub mod rejection;
 
 pub use call::{Call, CallKind, Calls, RequestId, SessionId, Tenant};

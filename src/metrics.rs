@@ -14,6 +14,13 @@
 //! | `stormgate_fifo_queue_depth` | gauge | `key` | waiters queued on a key |
 //! | `stormgate_fifo_queue_wait_seconds` | histogram | `key` | time admitted calls waited (0 for those admitted at once) |
 //! | `stormgate_upstream_rate_limited_total` | counter | `key` | upstream 429 answers seen by the outbound limiter |
+//! | `stormgate_budget` | gauge | | the adaptive global budget, cost units per second |
+//! | `stormgate_budget_rate` | gauge | | smoothed admitted cost per second |
+//! | `stormgate_budget_error_rate` | gauge | | smoothed error rate of finished calls |
+//! | `stormgate_budget_p99_seconds` | gauge | | smoothed p99 service time |
+//! | `stormgate_budget_in_flight` | gauge | | smoothed calls in flight |
+//! | `stormgate_budget_rejected_total` | counter | `reason` | calls the budget refused (global or tenant) |
+//! | `stormgate_outcomes_total` | counter | `outcome` | finished calls by outcome (ok, error, timeout, cancelled, client_error) |
 
 /// JSON-RPC messages classified, by `kind`.
 pub const CALLS: &str = "stormgate_calls_total";
@@ -37,3 +44,17 @@ pub const FIFO_QUEUE_DEPTH: &str = "stormgate_fifo_queue_depth";
 pub const FIFO_QUEUE_WAIT: &str = "stormgate_fifo_queue_wait_seconds";
 /// Upstream 429 answers seen by the outbound limiter, by `key`.
 pub const UPSTREAM_RATE_LIMITED: &str = "stormgate_upstream_rate_limited_total";
+/// The adaptive global budget, cost units per second.
+pub const BUDGET: &str = "stormgate_budget";
+/// Smoothed admitted cost per second.
+pub const BUDGET_RATE: &str = "stormgate_budget_rate";
+/// Smoothed error rate.
+pub const BUDGET_ERROR_RATE: &str = "stormgate_budget_error_rate";
+/// Smoothed p99 service time, seconds.
+pub const BUDGET_P99: &str = "stormgate_budget_p99_seconds";
+/// Smoothed calls in flight.
+pub const BUDGET_IN_FLIGHT: &str = "stormgate_budget_in_flight";
+/// Calls the budget refused, by `reason`.
+pub const BUDGET_REJECTED: &str = "stormgate_budget_rejected_total";
+/// Finished calls by `outcome`.
+pub const OUTCOMES: &str = "stormgate_outcomes_total";

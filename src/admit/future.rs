@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use axum::body::Body;
@@ -9,39 +10,42 @@ use axum::response::Response;
 use pin_project_lite::pin_project;
 use tower::BoxError;
 
-use crate::mcp::reply;
+use super::Admission;
+use crate::mcp::verdict::{self, Merge, RefusedCalls};
 
-type Merge = Pin<Box<dyn Future<Output = Response> + Send>>;
+type Merging = Pin<Box<dyn Future<Output = Response> + Send>>;
 
 pin_project! {
     /// Response future of [`Admit`](super::Admit).
-    pub struct ResponseFuture<F, P> {
+    pub struct ResponseFuture<F, A: Admission> {
         #[pin]
-        state: State<F, P>,
+        state: State<F, A>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, P> {
+    enum State<F, A: Admission> {
         Rejected {
             response: Option<Response>,
         },
         Running {
             #[pin]
             future: F,
-            permits: Vec<P>,
+            admission: Arc<A>,
+            // Each admitted call's position in the body and its permit.
+            permits: Vec<(u32, A::Permit)>,
             // Answers to refused batch elements, to merge into the inner answer.
-            merge: Option<Vec<Vec<u8>>>,
+            merge: Option<Merge>,
         },
         // Only for batches mixing refused and admitted elements; boxed off the hot path.
         Merging {
-            merge: Merge,
+            merge: Merging,
         },
     }
 }
 
-impl<F, P> ResponseFuture<F, P> {
+impl<F, A: Admission> ResponseFuture<F, A> {
     pub(super) fn rejected(response: Response) -> Self {
         ResponseFuture {
             state: State::Rejected {
@@ -50,10 +54,16 @@ impl<F, P> ResponseFuture<F, P> {
         }
     }
 
-    pub(super) fn admitted(future: F, permits: Vec<P>, merge: Option<Vec<Vec<u8>>>) -> Self {
+    pub(super) fn admitted(
+        future: F,
+        admission: Arc<A>,
+        permits: Vec<(u32, A::Permit)>,
+        merge: Option<Merge>,
+    ) -> Self {
         ResponseFuture {
             state: State::Running {
                 future,
+                admission,
                 permits,
                 merge,
             },
@@ -61,8 +71,9 @@ impl<F, P> ResponseFuture<F, P> {
     }
 }
 
-impl<F, P, ResBody, E> Future for ResponseFuture<F, P>
+impl<F, A, ResBody, E> Future for ResponseFuture<F, A>
 where
+    A: Admission,
     F: Future<Output = Result<http::Response<ResBody>, E>>,
     ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
@@ -78,15 +89,21 @@ where
                 }
                 StateProj::Running {
                     future,
+                    admission,
                     permits,
                     merge,
                 } => {
                     let response = ready!(future.poll(cx))?.map(Body::new);
-                    permits.clear();
+                    let refused = RefusedCalls::of(&response);
+                    for (seq, permit) in permits.drain(..) {
+                        if refused.contains(&seq) {
+                            admission.refund(permit);
+                        }
+                    }
                     match merge.take() {
                         None => return Poll::Ready(Ok(response)),
-                        Some(elements) => this.state.set(State::Merging {
-                            merge: Box::pin(reply::merge(response, elements)),
+                        Some(m) => this.state.set(State::Merging {
+                            merge: Box::pin(verdict::merge(response, m)),
                         }),
                     }
                 }

@@ -14,6 +14,12 @@ pub trait Admission: Send + Sync + 'static {
 
     /// Admits `call` or says why not. Must not block.
     fn admit(&self, call: &Call) -> Result<Self::Permit, Rejection>;
+
+    /// A stage after this one refused the admitted call: give back what `admit` charged (a
+    /// refusal is not work). By default the permit is just dropped.
+    fn refund(&self, permit: Self::Permit) {
+        drop(permit);
+    }
 }
 
 impl<F> Admission for F

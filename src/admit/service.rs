@@ -51,7 +51,7 @@ where
 {
     type Response = axum::response::Response;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, A::Permit>;
+    type Future = ResponseFuture<S::Future, A>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -61,7 +61,12 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let Some(calls) = req.extensions().get::<Calls>() else {
-            return ResponseFuture::admitted(inner.call(req), Vec::new(), None);
+            return ResponseFuture::admitted(
+                inner.call(req),
+                self.admission.clone(),
+                Vec::new(),
+                None,
+            );
         };
         let mut permits = Vec::new();
         let mut rejected: Vec<(usize, Rejection)> = Vec::new();
@@ -70,15 +75,18 @@ where
                 continue;
             }
             match self.admission.admit(call) {
-                Ok(permit) => permits.push(permit),
+                Ok(permit) => permits.push((call.seq, permit)),
                 Err(rejection) => rejected.push((i, rejection)),
             }
         }
         match verdict::apply(req, &rejected) {
             Verdict::Answer(response) => ResponseFuture::rejected(response),
-            Verdict::Forward { request, merge } => {
-                ResponseFuture::admitted(inner.call(request), permits, merge)
-            }
+            Verdict::Forward { request, merge } => ResponseFuture::admitted(
+                inner.call(request),
+                self.admission.clone(),
+                permits,
+                merge,
+            ),
         }
     }
 }

@@ -5,6 +5,7 @@ use tower::Layer;
 
 use super::Classify;
 use crate::call::{DefaultIdentity, Identify};
+use crate::cost::Costs;
 use crate::rejection::RejectionFormat;
 
 /// Default bound on a buffered request body: 4 MiB, the same as rmcp's.
@@ -16,6 +17,7 @@ pub(crate) struct Shared {
     pub(crate) body_limit: usize,
     pub(crate) identity: Arc<dyn Identify>,
     pub(crate) format: Arc<RejectionFormat>,
+    pub(crate) costs: Option<Arc<Costs>>,
 }
 
 /// Builds [`Classify`] services. See the [module docs](crate::classify).
@@ -32,6 +34,7 @@ impl ClassifyLayer {
                 body_limit: DEFAULT_BODY_LIMIT,
                 identity: Arc::new(DefaultIdentity::new()),
                 format: Arc::new(RejectionFormat::default()),
+                costs: None,
             }),
         }
     }
@@ -45,6 +48,13 @@ impl ClassifyLayer {
     /// How tenants and sessions are found.
     pub fn identity(mut self, identity: impl Identify) -> Self {
         Arc::make_mut(&mut self.shared).identity = Arc::new(identity);
+        self
+    }
+
+    /// Weighs each `tools/call` with this table ([`Call::cost`](crate::Call)); without one,
+    /// every call costs 1.
+    pub fn costs(mut self, costs: Arc<Costs>) -> Self {
+        Arc::make_mut(&mut self.shared).costs = Some(costs);
         self
     }
 

@@ -134,7 +134,8 @@ pub(crate) fn classify(
     let calls = parsed
         .messages
         .into_iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(seq, m)| {
             let method = m.method.as_deref();
             let (tool, resource, prompt) = match method {
                 Some("tools/call") => (m.name.as_deref(), None, None),
@@ -158,9 +159,13 @@ pub(crate) fn classify(
                 session: shared.identity.session(parts, Meta::new(m.meta), &tenant),
                 tenant: tenant.clone(),
                 protocol_version,
-                cost: 1,
+                cost: match (&shared.costs, tool) {
+                    (Some(costs), Some(tool)) => costs.weight(tool),
+                    _ => 1,
+                },
                 header_mismatch,
                 span: m.span,
+                seq: u32::try_from(seq).unwrap_or(u32::MAX),
             }
         })
         .collect();

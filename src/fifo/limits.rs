@@ -12,7 +12,7 @@ pub struct WindowLimit {
     /// Admissions allowed per window.
     pub max: NonZeroU32,
     /// The window's length, in milliseconds in config (`length_ms`).
-    #[serde(rename = "length_ms", with = "crate::fifo::limits::millis")]
+    #[serde(rename = "length_ms", with = "crate::duration_ms")]
     pub length: Duration,
 }
 
@@ -46,7 +46,7 @@ impl WindowLimit {
 pub struct ResourceLimits {
     /// Minimum time between two admissions (`min_interval_ms`). Wins over `rate_per_second`;
     /// zero means no pacing.
-    #[serde(rename = "min_interval_ms", with = "crate::fifo::limits::millis_opt")]
+    #[serde(rename = "min_interval_ms", with = "crate::duration_ms::opt")]
     pub min_interval: Option<Duration>,
     /// Admissions per second, used only to derive `min_interval` as `ceil(1000 / rps)` ms when
     /// `min_interval` is absent.
@@ -57,7 +57,7 @@ pub struct ResourceLimits {
     pub max_queue_depth: Option<usize>,
     /// How long a waiter may wait (`queue_timeout_ms`); absent waits until admitted or
     /// cancelled.
-    #[serde(rename = "queue_timeout_ms", with = "crate::fifo::limits::millis_opt")]
+    #[serde(rename = "queue_timeout_ms", with = "crate::duration_ms::opt")]
     pub queue_timeout: Option<Duration>,
     /// A sliding admission window (seed 004); only admitted calls consume it.
     pub window: Option<WindowLimit>,
@@ -153,39 +153,6 @@ impl ResourceLimits {
         ResourceLimits::default()
             .rate_per_second(NonZeroU32::new(5).expect("5 > 0"))
             .max_concurrent(NonZeroUsize::new(2).expect("2 > 0"))
-    }
-}
-
-pub(crate) mod millis {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        u64::deserialize(d).map(Duration::from_millis)
-    }
-}
-
-pub(crate) mod millis_opt {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(crate) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => super::millis::serialize(d, s),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        Option::<u64>::deserialize(d).map(|ms| ms.map(Duration::from_millis))
     }
 }
 

@@ -13,7 +13,7 @@ use super::future::ResponseFuture;
 use super::layer::Shared;
 use super::{Acquire, QueueWait};
 use crate::call::Calls;
-use crate::mcp::{reply, verdict};
+use crate::mcp::verdict;
 
 /// The FIFO limiter for inbound MCP tool calls. Built by [`FifoLimitLayer`](super::FifoLimitLayer).
 pub struct FifoLimit<S> {
@@ -95,7 +95,7 @@ where
                     let mut response = response.map(|b| Body::new(LeaseBody::new(b, leases)));
                     response.extensions_mut().insert(QueueWait(queue_wait));
                     Ok(match merge {
-                        Some(elements) => reply::merge(response, elements).await,
+                        Some(m) => verdict::merge(response, m).await,
                         None => response,
                     })
                 }

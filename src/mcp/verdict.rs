@@ -10,12 +10,44 @@ use super::reply;
 use crate::call::{Call, Calls};
 use crate::rejection::Rejection;
 
+/// Response extension: the calls (by position in the client's body) that a stage refused, so
+/// the stages before it give back what they charged them (a refusal is not work).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct RefusedCalls(pub(crate) Vec<u32>);
+
+impl RefusedCalls {
+    pub(crate) fn of(response: &Response) -> &[u32] {
+        response
+            .extensions()
+            .get::<RefusedCalls>()
+            .map_or(&[], |r| r.0.as_slice())
+    }
+}
+
+/// The answers to the refused elements of a batch whose other elements were forwarded.
+pub(crate) struct Merge {
+    elements: Vec<Vec<u8>>,
+    refused: Vec<u32>,
+}
+
+/// Merges the refusals into the inner service's answer and records them.
+pub(crate) async fn merge(response: Response, merge: Merge) -> Response {
+    let mut response = reply::merge(response, merge.elements).await;
+    let mut refused = response
+        .extensions_mut()
+        .remove::<RefusedCalls>()
+        .unwrap_or_default();
+    refused.0.extend(merge.refused);
+    response.extensions_mut().insert(refused);
+    response
+}
+
 /// What to do with a request once each of its calls was decided.
 pub(crate) enum Verdict {
     /// Call the inner service; merge these answers to refused elements into its answer.
     Forward {
         request: Request<Body>,
-        merge: Option<Vec<Vec<u8>>>,
+        merge: Option<Merge>,
     },
     /// Every element was refused: answer without calling the inner service.
     Answer(Response),
@@ -41,10 +73,16 @@ pub(crate) fn apply(mut request: Request<Body>, rejected: &[(usize, Rejection)])
             merge: None,
         };
     };
+    let refused = rejected.iter().map(|(i, _)| calls.calls[*i].seq).collect();
     if rejected.len() == calls.len() {
-        return Verdict::Answer(reply::rejection_response(calls, rejected));
+        let mut response = reply::rejection_response(calls, rejected);
+        response.extensions_mut().insert(RefusedCalls(refused));
+        return Verdict::Answer(response);
     }
-    let merge = reply::rejection_elements(calls, rejected);
+    let merge = Merge {
+        elements: reply::rejection_elements(calls, rejected),
+        refused,
+    };
     let remaining = without(calls, rejected);
     let body = remaining.body.clone();
     request

@@ -1,0 +1,433 @@
+//! The adaptive global budget and the per-tenant shares of it (seed 003 sections 3.1, 3.2,
+//! 4.1, 4.2).
+//!
+//! [`Budget`] is one shared state with three faces:
+//!
+//! * an [`Admission`]: each request call is charged its weight ([`Call::cost`]) against a
+//!   weighted-cost token bucket ([`Gcra`], lock-free) whose rate is the current budget, and
+//!   against its tenant's share; a call refused by a later stage gets its charge back;
+//! * an [`Observer`]: every finished call's service time and outcome feed the tick's sample;
+//! * a ticker: every `sample_interval` the [`Controller`] smooths the tick (EWMA), moves the
+//!   budget (multiplicative decrease when unhealthy, additive steps after `recover_after`
+//!   healthy ticks), re-rates the bucket live, refreshes learned tool weights and re-splits
+//!   the budget among active tenants ([`allocate`]).
+//!
+//! Tenants: each active tenant's share is its weighted max-min fair part of the budget (a
+//! tenant that asks for less than its share keeps what it asks for, the rest is lent to the
+//! others, so one tenant alone can use it all), and `min_budget` per second is guaranteed to
+//! every tenant even when the global budget is spent: such calls are still charged to the
+//! global bucket, so the others feel them.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use stormgate::Call;
+//! use stormgate::admit::Admission;
+//! use stormgate::budget::{Budget, BudgetConfig};
+//!
+//! let budget = Budget::builder(BudgetConfig { stable_budget: 100.0, ..Default::default() }).build();
+//! let _ticker = budget.spawn_ticker();
+//! assert!(budget.admit(&Call::request("tools/call").with_tool("cache_get")).is_ok());
+//! assert_eq!(budget.current(), 100.0);
+//! # }
+//! ```
+
+mod controller;
+mod ewma;
+mod gcra;
+mod sampler;
+mod tenant;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tokio::time::Instant;
+
+pub use controller::{BudgetConfig, Controller, Health, TickStats};
+pub use ewma::Ewma;
+pub use gcra::{Gcra, gcra_check, interval_for_rate};
+pub use tenant::{DEMAND_HEADROOM, TenantConfig, allocate};
+
+use crate::admit::{Admission, AdmitLayer};
+use crate::call::{Call, Tenant};
+use crate::cost::{CostConfig, Costs};
+use crate::metrics;
+use crate::outcome::{Observation, Observer};
+use crate::rejection::{Reason, Rejection, Scope};
+use sampler::Sampler;
+
+/// The tenant that tenants past `max_tenants` share.
+pub const OVERFLOW_TENANT: &str = "~overflow";
+
+/// The shared budget state. A cheap handle: clones share everything.
+#[derive(Clone)]
+pub struct Budget {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    epoch: Instant,
+    config: BudgetConfig,
+    tenants_config: TenantConfig,
+    min_budget: f64,
+    max_weight: u32,
+    global: Gcra,
+    sampler: Sampler,
+    controller: Mutex<Controller>,
+    health: Mutex<Health>,
+    tenants: DashMap<Tenant, Arc<TenantState>>,
+    /// Rate a tenant not seen before starts with, until the next tick sizes its share.
+    newcomer_rate: AtomicU64,
+    costs: Arc<Costs>,
+}
+
+struct TenantState {
+    share: Gcra,
+    guaranteed: Gcra,
+    demand: AtomicU64,
+    tick: Mutex<TenantTick>,
+}
+
+struct TenantTick {
+    demand: Ewma,
+    idle: u32,
+    allocation: f64,
+}
+
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget")
+            .field("config", &self.inner.config)
+            .field("current", &self.current())
+            .field("tenants", &self.inner.tenants.len())
+            .finish()
+    }
+}
+
+/// Builds a [`Budget`].
+#[derive(Debug, Clone)]
+pub struct BudgetBuilder {
+    config: BudgetConfig,
+    tenants: TenantConfig,
+    costs: CostConfig,
+}
+
+impl BudgetBuilder {
+    /// Per-tenant settings (default: enabled, min_budget 1% of stable).
+    pub fn tenants(mut self, tenants: TenantConfig) -> Self {
+        self.tenants = tenants;
+        self
+    }
+
+    /// Tool weights (default: every tool weighs 1).
+    pub fn costs(mut self, costs: CostConfig) -> Self {
+        self.costs = costs;
+        self
+    }
+
+    /// Validates every setting.
+    pub fn try_build(self) -> Result<Budget, String> {
+        self.config.validate()?;
+        self.tenants.validate()?;
+        self.costs.validate()?;
+        Ok(self.build_unchecked())
+    }
+
+    /// Builds; panics on invalid settings (use [`try_build`](Self::try_build) for input).
+    pub fn build(self) -> Budget {
+        self.try_build().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn build_unchecked(self) -> Budget {
+        let max_weight = self.costs.max_possible_weight();
+        let burst = self.config.burst(max_weight);
+        let min_budget = self.tenants.min_budget(self.config.stable_budget);
+        let stable = self.config.stable_budget;
+        Budget {
+            inner: Arc::new(Inner {
+                epoch: Instant::now(),
+                global: Gcra::new(interval_for_rate(stable), burst as u64),
+                sampler: Sampler::new(),
+                controller: Mutex::new(Controller::new(self.config.clone())),
+                health: Mutex::new(Health {
+                    budget: stable,
+                    ..Health::default()
+                }),
+                tenants: DashMap::new(),
+                newcomer_rate: AtomicU64::new(stable.to_bits()),
+                costs: Arc::new(Costs::new(self.costs)),
+                min_budget,
+                max_weight,
+                config: self.config,
+                tenants_config: self.tenants,
+            }),
+        }
+    }
+}
+
+fn burst_for(rate: f64, max_weight: u32) -> u64 {
+    // A tenth of a second of the rate, and never less than one call of the heaviest tool.
+    (rate / 10.0).max(f64::from(max_weight)).max(1.0) as u64
+}
+
+impl Budget {
+    /// A builder with these global settings.
+    pub fn builder(config: BudgetConfig) -> BudgetBuilder {
+        BudgetBuilder {
+            config,
+            tenants: TenantConfig::default(),
+            costs: CostConfig::default(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.inner.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The budget now, in cost units per second.
+    pub fn current(&self) -> f64 {
+        self.health().budget
+    }
+
+    /// The controller's view after the last tick.
+    pub fn health(&self) -> Health {
+        *self
+            .inner
+            .health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The tool weight table (give it to [`ClassifyLayer::costs`](crate::classify::ClassifyLayer::costs)).
+    pub fn costs(&self) -> Arc<Costs> {
+        self.inner.costs.clone()
+    }
+
+    /// A tenant's current share of the budget, cost units per second.
+    pub fn allocation(&self, tenant: &Tenant) -> Option<f64> {
+        self.inner.tenants.get(tenant).map(|t| {
+            t.tick
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .allocation
+        })
+    }
+
+    /// The admission stage: `AdmitLayer` over this budget.
+    pub fn layer(&self) -> AdmitLayer<Budget> {
+        AdmitLayer::new(self.clone())
+    }
+
+    /// The observer to give to [`OutcomeLayer`](crate::outcome::OutcomeLayer): it feeds the
+    /// controller and the learned tool weights.
+    pub fn observer(&self) -> Arc<dyn Observer> {
+        Arc::new(self.clone())
+    }
+
+    fn tenant(&self, tenant: &Tenant) -> Arc<TenantState> {
+        if let Some(t) = self.inner.tenants.get(tenant) {
+            return t.clone();
+        }
+        let tenant = if self.inner.tenants.len() >= self.inner.tenants_config.max_tenants {
+            Tenant::new(OVERFLOW_TENANT)
+        } else {
+            tenant.clone()
+        };
+        let rate = f64::from_bits(self.inner.newcomer_rate.load(Ordering::Relaxed));
+        let min = self.inner.min_budget;
+        let w = self.inner.max_weight;
+        self.inner
+            .tenants
+            .entry(tenant)
+            .or_insert_with(|| {
+                Arc::new(TenantState {
+                    share: Gcra::new(interval_for_rate(rate.max(min)), burst_for(rate, w)),
+                    guaranteed: Gcra::new(interval_for_rate(min), (min as u64).max(u64::from(w))),
+                    demand: AtomicU64::new(0),
+                    tick: Mutex::new(TenantTick {
+                        demand: Ewma::new(self.inner.config.alpha),
+                        idle: 0,
+                        allocation: rate,
+                    }),
+                })
+            })
+            .clone()
+    }
+
+    /// Ends the current tick: smooths it, moves the budget, re-rates the buckets, refreshes
+    /// learned weights and re-splits the budget among tenants. [`spawn_ticker`] calls it every
+    /// `sample_interval`; tests may call it directly.
+    ///
+    /// [`spawn_ticker`]: Budget::spawn_ticker
+    pub fn tick(&self) -> Health {
+        let inner = &*self.inner;
+        let now = self.now();
+        let stats = inner.sampler.take();
+        let health = inner
+            .controller
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tick(stats);
+        inner
+            .global
+            .set_interval(now, interval_for_rate(health.budget));
+        inner.costs.refresh();
+        if inner.tenants_config.enabled {
+            self.split(now, health.budget);
+        }
+        *inner.health.lock().unwrap_or_else(PoisonError::into_inner) = health;
+        ::metrics::gauge!(metrics::BUDGET).set(health.budget);
+        ::metrics::gauge!(metrics::BUDGET_RATE).set(health.rate);
+        ::metrics::gauge!(metrics::BUDGET_ERROR_RATE).set(health.error_rate);
+        ::metrics::gauge!(metrics::BUDGET_P99).set(health.p99);
+        ::metrics::gauge!(metrics::BUDGET_IN_FLIGHT).set(health.in_flight);
+        health
+    }
+
+    fn split(&self, now: u64, budget: f64) {
+        let inner = &*self.inner;
+        let secs = inner.config.sample_interval.as_secs_f64();
+        let idle_ticks = inner.tenants_config.idle_ticks;
+        let mut active = Vec::with_capacity(inner.tenants.len());
+        inner.tenants.retain(|name, t| {
+            let demand = t.demand.swap(0, Ordering::Relaxed) as f64 / secs;
+            let mut tick = t.tick.lock().unwrap_or_else(PoisonError::into_inner);
+            tick.demand.update(demand);
+            tick.idle = if demand > 0.0 { 0 } else { tick.idle + 1 };
+            if tick.idle > idle_ticks && Arc::strong_count(t) == 1 {
+                return false; // idle and not in use: forget it
+            }
+            if tick.idle <= idle_ticks {
+                let weight = inner.tenants_config.weight(name.as_str());
+                active.push((t.clone(), weight, tick.demand.value().unwrap_or(0.0)));
+            }
+            true
+        });
+        let wants: Vec<(f64, f64)> = active.iter().map(|(_, w, d)| (*w, *d)).collect();
+        let shares = allocate(budget, &wants);
+        for ((t, _, _), share) in active.iter().zip(shares) {
+            let rate = share.max(inner.min_budget);
+            t.share.set_interval(now, interval_for_rate(rate));
+            t.share.set_burst(burst_for(rate, inner.max_weight));
+            t.tick
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .allocation = rate;
+        }
+        let newcomer = budget / (active.len() + 1) as f64;
+        inner
+            .newcomer_rate
+            .store(newcomer.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Ticks every `sample_interval` until the last [`Budget`] handle is dropped (or the
+    /// returned task is aborted).
+    pub fn spawn_ticker(&self) -> tokio::task::JoinHandle<()> {
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let every = self.inner.config.sample_interval;
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval_at(Instant::now() + every, every);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                interval.tick().await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                Budget { inner }.tick();
+            }
+        })
+    }
+
+    fn reject(reason: Reason, scope: Scope, wait_ns: u64) -> Rejection {
+        ::metrics::counter!(metrics::BUDGET_REJECTED, "reason" => reason.as_str()).increment(1);
+        Rejection::new(reason, scope, Duration::from_nanos(wait_ns))
+    }
+}
+
+/// What an admitted call was charged, to give back if a later stage refuses it.
+#[derive(Debug)]
+pub struct BudgetPermit {
+    tenant: Option<Arc<TenantState>>,
+    cost: u64,
+    guaranteed: bool,
+}
+
+impl std::fmt::Debug for TenantState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantState").finish_non_exhaustive()
+    }
+}
+
+impl Admission for Budget {
+    type Permit = BudgetPermit;
+
+    fn admit(&self, call: &Call) -> Result<BudgetPermit, Rejection> {
+        let inner = &*self.inner;
+        let now = self.now();
+        let cost = u64::from(call.cost.max(1));
+        if !inner.tenants_config.enabled {
+            inner
+                .global
+                .try_take(now, cost)
+                .map_err(|w| Self::reject(Reason::GlobalBudgetExceeded, Scope::Global, w))?;
+            inner.sampler.admitted(cost);
+            return Ok(BudgetPermit {
+                tenant: None,
+                cost,
+                guaranteed: false,
+            });
+        }
+        let tenant = self.tenant(&call.tenant);
+        tenant.demand.fetch_add(cost, Ordering::Relaxed);
+        let refused = match tenant.share.try_take(now, cost) {
+            Ok(()) => match inner.global.try_take(now, cost) {
+                Ok(()) => None,
+                Err(wait) => {
+                    tenant.share.refund(now, cost);
+                    Some((Reason::GlobalBudgetExceeded, Scope::Global, wait))
+                }
+            },
+            Err(wait) => Some((Reason::TenantBudgetExceeded, Scope::Tenant, wait)),
+        };
+        let guaranteed = match refused {
+            None => false,
+            Some((reason, scope, wait)) => {
+                // The guaranteed minimum: still charged to the shared bucket.
+                match tenant.guaranteed.try_take(now, cost) {
+                    Ok(()) => {
+                        inner.global.force_take(now, cost);
+                        true
+                    }
+                    Err(min_wait) => return Err(Self::reject(reason, scope, wait.min(min_wait))),
+                }
+            }
+        };
+        inner.sampler.admitted(cost);
+        Ok(BudgetPermit {
+            tenant: Some(tenant),
+            cost,
+            guaranteed,
+        })
+    }
+
+    fn refund(&self, permit: BudgetPermit) {
+        let now = self.now();
+        self.inner.global.refund(now, permit.cost);
+        if let Some(t) = &permit.tenant {
+            if permit.guaranteed {
+                t.guaranteed.refund(now, permit.cost);
+            } else {
+                t.share.refund(now, permit.cost);
+            }
+        }
+        self.inner.sampler.refunded(permit.cost);
+    }
+}
+
+impl Observer for Budget {
+    fn observe(&self, observation: &Observation<'_>) {
+        self.inner.sampler.observe(observation);
+        self.inner.costs.observe(observation);
+    }
+}

@@ -1,0 +1,152 @@
+//! Per-tenant shares of the global budget: weights, a guaranteed minimum, and borrowing.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Per-tenant budget settings (seed 003 sections 3.1 and 4.2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Whether tenants get shares at all. Default true.
+    pub enabled: bool,
+    /// Cost units per second every active tenant is guaranteed, even when the global budget is
+    /// spent (seed 4.2: normal business must not starve). Default 1% of the stable budget
+    /// (stormgate's choice; the seed gives no number).
+    pub min_budget: Option<f64>,
+    /// Share weight per tenant name; tenants not listed weigh 1.
+    pub weights: BTreeMap<String, f64>,
+    /// Tenants tracked at most; past it, new tenants share one overflow tenant. Default 10 000.
+    pub max_tenants: usize,
+    /// Ticks without demand after which a tenant is idle and its share is lent to the others
+    /// (and its state may be dropped). Default 50 (5 s at 100 ms).
+    pub idle_ticks: u32,
+}
+
+impl Default for TenantConfig {
+    fn default() -> Self {
+        TenantConfig {
+            enabled: true,
+            min_budget: None,
+            weights: BTreeMap::new(),
+            max_tenants: 10_000,
+            idle_ticks: 50,
+        }
+    }
+}
+
+impl TenantConfig {
+    /// The guaranteed minimum in effect for a stable budget.
+    pub fn min_budget(&self, stable_budget: f64) -> f64 {
+        self.min_budget.unwrap_or(stable_budget * 0.01)
+    }
+
+    /// A tenant's share weight.
+    pub fn weight(&self, tenant: &str) -> f64 {
+        self.weights.get(tenant).copied().unwrap_or(1.0)
+    }
+
+    /// Checks every rule; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), String> {
+        if self
+            .min_budget
+            .is_some_and(|m| !(m.is_finite() && m >= 0.0))
+        {
+            return Err("tenants.min_budget: must be 0 or more".into());
+        }
+        if let Some((t, _)) = self
+            .weights
+            .iter()
+            .find(|(_, w)| !(w.is_finite() && **w > 0.0))
+        {
+            return Err(format!("tenants.weights.{t}: must be greater than 0"));
+        }
+        if self.max_tenants == 0 {
+            return Err("tenants.max_tenants: must be at least 1".into());
+        }
+        if self.idle_ticks == 0 {
+            return Err("tenants.idle_ticks: must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Headroom over a tenant's measured demand in its allocation, so a light tenant whose demand
+/// is rising is not throttled by its own lagging estimate.
+pub const DEMAND_HEADROOM: f64 = 1.5;
+
+/// Splits `budget` among tenants by weighted max-min fairness (water-filling): a tenant that
+/// wants less than its weighted share gets what it wants (with [`DEMAND_HEADROOM`]), and what
+/// it leaves is split among the others by weight, so one tenant alone may use everything.
+/// Returns each tenant's allocation, in input order.
+///
+/// ```
+/// use stormgate::budget::allocate;
+///
+/// // One hog and three light tenants (demand 10 each) share 1000: each light tenant gets its
+/// // demand with headroom, the hog the rest.
+/// let a = allocate(1000.0, &[(1.0, 5000.0), (1.0, 10.0), (1.0, 10.0), (1.0, 10.0)]);
+/// assert_eq!(a, vec![955.0, 15.0, 15.0, 15.0]);
+/// ```
+pub fn allocate(budget: f64, tenants: &[(f64, f64)]) -> Vec<f64> {
+    let mut alloc = vec![0.0; tenants.len()];
+    let mut open: Vec<usize> = (0..tenants.len()).collect();
+    let mut remaining = budget.max(0.0);
+    loop {
+        let total_weight: f64 = open.iter().map(|&i| tenants[i].0).sum();
+        if open.is_empty() || total_weight <= 0.0 {
+            break;
+        }
+        let mut satisfied = Vec::new();
+        for &i in &open {
+            let share = remaining * tenants[i].0 / total_weight;
+            let want = tenants[i].1 * DEMAND_HEADROOM;
+            if want <= share {
+                satisfied.push(i);
+            }
+        }
+        if satisfied.is_empty() {
+            for &i in &open {
+                alloc[i] = remaining * tenants[i].0 / total_weight;
+            }
+            break;
+        }
+        for &i in &satisfied {
+            alloc[i] = tenants[i].1 * DEMAND_HEADROOM;
+            remaining -= alloc[i];
+        }
+        open.retain(|i| !satisfied.contains(i));
+    }
+    alloc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_lone_tenant_gets_everything_and_weights_split_the_rest() {
+        assert_eq!(allocate(1000.0, &[(1.0, 1e9)]), [1000.0]);
+        assert_eq!(allocate(900.0, &[(2.0, 1e9), (1.0, 1e9)]), [600.0, 300.0]);
+        assert_eq!(allocate(1000.0, &[]), Vec::<f64>::new());
+    }
+
+    proptest! {
+        /// Never more than the budget; each tenant gets at least min(demand, its share).
+        #[test]
+        fn allocations_are_fair_and_within_budget(
+            budget in 1.0f64..1e6,
+            tenants in proptest::collection::vec((0.1f64..10.0, 0.0f64..1e6), 1..20),
+        ) {
+            let a = allocate(budget, &tenants);
+            let total: f64 = a.iter().sum();
+            prop_assert!(total <= budget * (1.0 + 1e-9));
+            let weights: f64 = tenants.iter().map(|t| t.0).sum();
+            for (i, &(w, demand)) in tenants.iter().enumerate() {
+                let share = budget * w / weights;
+                prop_assert!(a[i] + 1e-6 >= demand.min(share), "{i}: {} < min({demand}, {share})", a[i]);
+            }
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! Tool weights: what one call of each tool costs the budgets (seed 003 section 4.1).
+//!
+//! A cached read and a billion-row scan are not the same call. Each tool has a weight in
+//! cost units: fixed in config (seed 4.1's examples: a cached read 1, a large scan 50, a
+//! non-idempotent write 100) or `auto`, learned from the tool's smoothed service time and
+//! answer size relative to the cheapest observed tool, doubled for tools marked
+//! non-idempotent, clamped to `[min_weight, max_weight]`, refreshed on every budget tick.
+//! Tools not listed weigh `default_weight` (1). The classifier writes the weight into
+//! [`Call::cost`](crate::Call), and every budget charges it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use dashmap::DashMap;
+use serde::{Deserialize, Serialize};
+
+use crate::budget::Ewma;
+use crate::outcome::{Observation, Observer, Outcome};
+
+/// A tool's weight in config: a number, or `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Weight {
+    /// A fixed weight (>= 1).
+    Fixed(u32),
+    /// Learned from the tool's observed cost.
+    Auto(AutoWeight),
+}
+
+/// The word `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutoWeight {
+    /// Learn the weight.
+    Auto,
+}
+
+/// Tool weight settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CostConfig {
+    /// Weight per tool.
+    pub tools: BTreeMap<String, Weight>,
+    /// Tools whose calls are not idempotent (writes): their learned weight is doubled.
+    pub non_idempotent: BTreeSet<String>,
+    /// Weight of tools not listed. Default 1.
+    pub default_weight: u32,
+    /// Lower clamp of learned weights. Default 1.
+    pub min_weight: u32,
+    /// Upper clamp of learned weights. Default 100 (seed 4.1's largest example).
+    pub max_weight: u32,
+}
+
+impl Default for CostConfig {
+    fn default() -> Self {
+        CostConfig {
+            tools: BTreeMap::new(),
+            non_idempotent: BTreeSet::new(),
+            default_weight: 1,
+            min_weight: 1,
+            max_weight: 100,
+        }
+    }
+}
+
+impl CostConfig {
+    /// Checks every rule; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.min_weight == 0 {
+            return Err("costs.min_weight: must be at least 1".into());
+        }
+        if self.max_weight < self.min_weight {
+            return Err("costs.max_weight: must be at least min_weight".into());
+        }
+        if self.default_weight == 0 {
+            return Err("costs.default_weight: must be at least 1".into());
+        }
+        if let Some((tool, _)) = self.tools.iter().find(|(_, w)| **w == Weight::Fixed(0)) {
+            return Err(format!("costs.tools.{tool}: must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// The largest weight any call can have.
+    pub fn max_possible_weight(&self) -> u32 {
+        let fixed = self.tools.values().filter_map(|w| match w {
+            Weight::Fixed(n) => Some(*n),
+            Weight::Auto(_) => None,
+        });
+        fixed
+            .chain([self.default_weight])
+            .chain(
+                self.tools
+                    .values()
+                    .any(|w| matches!(w, Weight::Auto(_)))
+                    .then_some(self.max_weight),
+            )
+            .max()
+            .unwrap_or(1)
+    }
+}
+
+/// Smoothing of the per-tool service time and size.
+const LEARN_ALPHA: f64 = 0.2;
+
+#[derive(Debug)]
+struct Learned {
+    weight: AtomicU32,
+    stats: Mutex<(Ewma, Ewma)>,
+}
+
+/// The weight table: read on every classified call, learned from every outcome.
+#[derive(Debug)]
+pub struct Costs {
+    config: CostConfig,
+    learned: DashMap<String, Learned>,
+}
+
+impl Costs {
+    /// A table from its settings (assumed valid).
+    pub fn new(config: CostConfig) -> Self {
+        let learned = DashMap::new();
+        for (tool, w) in &config.tools {
+            if let Weight::Auto(_) = w {
+                learned.insert(
+                    tool.clone(),
+                    Learned {
+                        weight: AtomicU32::new(config.min_weight),
+                        stats: Mutex::new((Ewma::new(LEARN_ALPHA), Ewma::new(LEARN_ALPHA))),
+                    },
+                );
+            }
+        }
+        Costs { config, learned }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &CostConfig {
+        &self.config
+    }
+
+    /// The weight of one call of `tool` now.
+    pub fn weight(&self, tool: &str) -> u32 {
+        match self.config.tools.get(tool) {
+            Some(Weight::Fixed(n)) => *n,
+            Some(Weight::Auto(_)) => self
+                .learned
+                .get(tool)
+                .map_or(self.config.min_weight, |l| l.weight.load(Ordering::Relaxed)),
+            None => self.config.default_weight,
+        }
+    }
+
+    /// Recomputes the learned weights: each `auto` tool's smoothed service time and answer
+    /// size relative to the cheapest observed `auto` tool (the larger of the two ratios),
+    /// doubled when non-idempotent, clamped. Runs on the budget's tick.
+    pub fn refresh(&self) {
+        let stats: Vec<(String, f64, f64)> = self
+            .learned
+            .iter()
+            .filter_map(|e| {
+                let (t, b) = *e.stats.lock().unwrap_or_else(PoisonError::into_inner);
+                Some((e.key().clone(), t.value()?, b.value().unwrap_or(0.0)))
+            })
+            .collect();
+        let min_time = stats.iter().map(|s| s.1).fold(f64::MAX, f64::min).max(1e-6);
+        let min_bytes = stats.iter().map(|s| s.2).fold(f64::MAX, f64::min).max(1.0);
+        for (tool, time, bytes) in stats {
+            let mut w = (time / min_time).max(bytes / min_bytes).round();
+            if self.config.non_idempotent.contains(&tool) {
+                w *= 2.0;
+            }
+            let w = (w as u32).clamp(self.config.min_weight, self.config.max_weight);
+            if let Some(l) = self.learned.get(&tool) {
+                l.weight.store(w, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Observer for Costs {
+    fn observe(&self, o: &Observation<'_>) {
+        if o.outcome != Outcome::Ok {
+            return;
+        }
+        let Some(tool) = o.call.tool.as_deref() else {
+            return;
+        };
+        if let Some(l) = self.learned.get(tool) {
+            let mut stats = l.stats.lock().unwrap_or_else(PoisonError::into_inner);
+            stats.0.update(o.service_time.as_secs_f64());
+            stats.1.update(o.response_bytes as f64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::Call;
+
+    fn observe(costs: &Costs, tool: &str, ms: u64, bytes: u64) {
+        let call = Call::request("tools/call").with_tool(tool);
+        costs.observe(&Observation {
+            call: &call,
+            outcome: Outcome::Ok,
+            service_time: Duration::from_millis(ms),
+            response_bytes: bytes,
+        });
+    }
+
+    #[test]
+    fn fixed_auto_and_default_weights() {
+        let config: CostConfig = serde_json::from_str(
+            r#"{"tools":{"cache_get":1,"sql_scan":50,"vector_search":"auto","create_order":"auto",
+                "cheap":"auto"},"non_idempotent":["create_order"]}"#,
+        )
+        .unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.max_possible_weight(), 100);
+        let costs = Costs::new(config);
+        assert_eq!(costs.weight("cache_get"), 1);
+        assert_eq!(costs.weight("sql_scan"), 50);
+        assert_eq!(costs.weight("unknown"), 1);
+        assert_eq!(costs.weight("vector_search"), 1, "min until learned");
+        for _ in 0..20 {
+            observe(&costs, "cheap", 2, 100);
+            observe(&costs, "vector_search", 50, 300);
+            observe(&costs, "create_order", 10, 100);
+        }
+        costs.refresh();
+        assert_eq!(costs.weight("cheap"), 1);
+        assert_eq!(costs.weight("vector_search"), 25, "50 ms / 2 ms");
+        assert_eq!(costs.weight("create_order"), 10, "10 ms / 2 ms, doubled");
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let mut c = CostConfig::default();
+        c.tools.insert("x".into(), Weight::Fixed(0));
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "costs.tools.x: must be at least 1"
+        );
+        let c = CostConfig {
+            min_weight: 5,
+            max_weight: 2,
+            ..CostConfig::default()
+        };
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "costs.max_weight: must be at least min_weight"
+        );
+    }
+}

@@ -1,0 +1,86 @@
+//! Outcome observation: how long each call took and how it ended, learned once for every
+//! layer that needs it.
+//!
+//! [`OutcomeLayer`] sits innermost, right around the MCP service, so the service time it
+//! measures excludes any queue wait. For every request call that reaches the inner service it
+//! reports one [`Observation`] to each [`Observer`]:
+//!
+//! * `application/json` answers: the body is scanned as it passes to the client (chunks are
+//!   forwarded at once, not held) and matched by JSON-RPC id at its end;
+//! * `text/event-stream` answers (rmcp's default): the events are parsed as they pass, without
+//!   buffering the stream or delaying any event, and each call is settled by the event that
+//!   carries its id;
+//! * an HTTP 5xx, a JSON-RPC error, or a `tools/call` result with `isError: true` is an
+//!   [`Outcome::Error`]; JSON-RPC error -32001 (the MCP SDKs' request timeout) is an
+//!   [`Outcome::Timeout`];
+//! * a client that goes away (the response future or body dropped before the answer passed) is
+//!   [`Outcome::Cancelled`].
+
+mod body;
+mod layer;
+mod service;
+mod sse;
+
+use std::time::Duration;
+
+pub use layer::OutcomeLayer;
+pub use service::{Observed, ResponseFuture};
+
+use crate::call::Call;
+
+/// How a call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// It answered normally.
+    Ok,
+    /// HTTP 5xx, a JSON-RPC error, or an `isError` tool result.
+    Error,
+    /// It timed out (JSON-RPC error -32001).
+    Timeout,
+    /// The client went away before the answer.
+    Cancelled,
+    /// The server refused the request as invalid (HTTP 4xx, e.g. an unknown session). Not a
+    /// failure of the backend: a flood of bad requests must not drive the budget down.
+    ClientError,
+}
+
+impl Outcome {
+    /// Whether the backend failed (errors and timeouts; a cancel is the client's doing).
+    pub fn is_failure(self) -> bool {
+        matches!(self, Outcome::Error | Outcome::Timeout)
+    }
+
+    /// The lower-case name used in metric labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Timeout => "timeout",
+            Outcome::Cancelled => "cancelled",
+            Outcome::ClientError => "client_error",
+        }
+    }
+}
+
+/// One finished call.
+#[derive(Debug, Clone, Copy)]
+pub struct Observation<'a> {
+    /// The call.
+    pub call: &'a Call,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// From the inner service being called to the answer passing (queue wait excluded).
+    pub service_time: Duration,
+    /// Bytes of the answer that carried it (the whole body for JSON, the event for SSE).
+    pub response_bytes: u64,
+}
+
+/// Receives every [`Observation`]. Must be cheap and must not block: it runs on the response
+/// path.
+pub trait Observer: Send + Sync + 'static {
+    /// One call finished.
+    fn observe(&self, observation: &Observation<'_>);
+}
+
+/// JSON-RPC error code of a request timeout in the MCP SDKs.
+pub const REQUEST_TIMEOUT_CODE: i64 = -32001;

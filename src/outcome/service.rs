@@ -1,0 +1,129 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::BytesMut;
+use http::{Request, StatusCode, header};
+use pin_project_lite::pin_project;
+use tower::{BoxError, Service};
+
+use super::Outcome;
+use super::body::{ObservedBody, Observers, Pending, Scan};
+use super::sse::SseParser;
+use crate::call::{Call, Calls};
+
+/// Reports how each request call ends. Built by [`OutcomeLayer`](super::OutcomeLayer).
+#[derive(Clone)]
+pub struct Observed<S> {
+    inner: S,
+    observers: Observers,
+}
+
+impl<S> Observed<S> {
+    pub(crate) fn new(inner: S, observers: Observers) -> Self {
+        Observed { inner, observers }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Observed<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Observed")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, ResBody> Service<Request<Body>> for Observed<S>
+where
+    S: Service<Request<Body>, Response = http::Response<ResBody>>,
+    ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let calls: Vec<Call> = req
+            .extensions()
+            .get::<Calls>()
+            .map(|c| c.iter().filter(|c| c.is_chargeable()).cloned().collect())
+            .unwrap_or_default();
+        let pending = (!calls.is_empty()).then(|| Pending::new(calls, self.observers.clone()));
+        ResponseFuture {
+            future: self.inner.call(req),
+            pending,
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`Observed`]. Dropped before the answer: its calls were cancelled.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        future: F,
+        pending: Option<Pending>,
+    }
+}
+
+impl<F, ResBody, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<http::Response<ResBody>, E>>,
+    ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = ready!(this.future.poll(cx));
+        let Some(mut pending) = this.pending.take() else {
+            return Poll::Ready(result.map(|r| r.map(Body::new)));
+        };
+        let response = match result {
+            Ok(response) => response,
+            Err(e) => {
+                pending.settle_all(Outcome::Error, 0);
+                return Poll::Ready(Err(e));
+            }
+        };
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let scan = if status.is_server_error() {
+            pending.settle_all(Outcome::Error, 0);
+            None
+        } else if status.is_client_error() {
+            pending.settle_all(Outcome::ClientError, 0);
+            None
+        } else if content_type.starts_with("text/event-stream") {
+            Some(Scan::Sse(SseParser::default()))
+        } else if content_type.starts_with("application/json") {
+            Some(Scan::Json(BytesMut::new()))
+        } else {
+            pending.settle_all(
+                if status == StatusCode::ACCEPTED || status.is_success() {
+                    Outcome::Ok
+                } else {
+                    Outcome::Error
+                },
+                0,
+            );
+            None
+        };
+        Poll::Ready(Ok(match scan {
+            Some(scan) => response.map(|b| Body::new(ObservedBody::new(b, scan, pending))),
+            None => response.map(Body::new),
+        }))
+    }
+}
