@@ -3,60 +3,16 @@
 #[path = "../examples/mcp_server/app.rs"]
 mod app;
 
+mod common;
+
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Body;
-use http::Request;
-use http_body_util::BodyExt;
+use common::{message, request, session};
 use serde_json::{Value, json};
 use stormgate::classify::ClassifyLayer;
-use stormgate::fifo::{FifoLimitLayer, QueueWait, ResourceLimiter, ResourceLimits};
+use stormgate::fifo::{FifoLimitLayer, ResourceLimiter, ResourceLimits};
 use tower::ServiceExt;
-
-fn request(session: Option<&str>, body: Value) -> Request<Body> {
-    let mut req = Request::post("/mcp")
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("host", "localhost");
-    if let Some(s) = session {
-        req = req
-            .header("mcp-session-id", s)
-            .header("mcp-protocol-version", "2025-11-25");
-    }
-    req.body(Body::from(body.to_string())).unwrap()
-}
-
-/// The JSON-RPC message of an answer: the JSON body, or the SSE event carrying a result/error.
-async fn message(res: http::Response<Body>) -> (Value, Option<QueueWait>) {
-    let wait = res.extensions().get::<QueueWait>().copied();
-    let bytes = res.into_body().collect().await.unwrap().to_bytes();
-    let text = String::from_utf8(bytes.to_vec()).unwrap();
-    let json = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(str::trim)
-        .find(|d| d.contains("\"jsonrpc\""))
-        .unwrap_or(text.trim())
-        .to_owned();
-    (serde_json::from_str(&json).unwrap(), wait)
-}
-
-async fn session(router: &Router) -> String {
-    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
-    let res = router.clone().oneshot(request(None, init)).await.unwrap();
-    let id = res.headers()["mcp-session-id"].to_str().unwrap().to_owned();
-    message(res).await;
-    let done = json!({"jsonrpc":"2.0","method":"notifications/initialized"});
-    router
-        .clone()
-        .oneshot(request(Some(&id), done))
-        .await
-        .unwrap();
-    id
-}
 
 #[tokio::test(start_paused = true)]
 async fn concurrent_sql_scans_get_the_expected_mix() {

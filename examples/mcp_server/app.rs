@@ -18,8 +18,11 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, ServerHandler, schemars, tool, tool_handler, tool_router};
 use serde::Deserialize;
+use stormgate::budget::{Budget, BudgetConfig, TenantConfig};
 use stormgate::classify::ClassifyLayer;
+use stormgate::cost::CostConfig;
 use stormgate::fifo::FifoConfig;
+use stormgate::outcome::OutcomeLayer;
 use tokio::sync::Semaphore;
 
 /// Connections in the shared database pool.
@@ -191,9 +194,16 @@ pub(crate) const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/s
 
 /// The parts of the configuration file the example reads.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Config {
     #[serde(default)]
     pub(crate) fifo: FifoConfig,
+    #[serde(default)]
+    pub(crate) budget: BudgetConfig,
+    #[serde(default)]
+    pub(crate) tenants: TenantConfig,
+    #[serde(default)]
+    pub(crate) costs: CostConfig,
 }
 
 impl Config {
@@ -204,14 +214,35 @@ impl Config {
     }
 }
 
-/// The whole example application: `/mcp` wrapped by stormgate (outermost first: classify,
-/// then the per-resource FIFO limiter), and `/metrics`.
-pub(crate) fn app(backend: Arc<Backend>, config: &Config, metrics: PrometheusHandle) -> Router {
-    mcp_router(backend)
+/// `/mcp` wrapped by the whole stormgate stack, outermost first: classify (with tool
+/// weights), the adaptive budget with tenant shares, the per-resource FIFO limiter, and outcome
+/// observation feeding the budget. Returns the budget too: its ticker must be spawned.
+pub(crate) fn protected(
+    backend: Arc<Backend>,
+    config: &Config,
+) -> Result<(Router, Budget), String> {
+    let budget = Budget::builder(config.budget.clone())
+        .tenants(config.tenants.clone())
+        .costs(config.costs.clone())
+        .try_build()?;
+    let router = mcp_router(backend)
+        .layer(OutcomeLayer::new([budget.observer()]))
         .layer(config.fifo.layer())
-        .layer(ClassifyLayer::new())
-        .route(
-            "/metrics",
-            get(move || std::future::ready(metrics.render())),
-        )
+        .layer(budget.layer())
+        .layer(ClassifyLayer::new().costs(budget.costs()));
+    Ok((router, budget))
+}
+
+/// The whole example application: the protected `/mcp`, and `/metrics`.
+pub(crate) fn app(
+    backend: Arc<Backend>,
+    config: &Config,
+    metrics: PrometheusHandle,
+) -> Result<(Router, Budget), String> {
+    let (router, budget) = protected(backend, config)?;
+    let router = router.route(
+        "/metrics",
+        get(move || std::future::ready(metrics.render())),
+    );
+    Ok((router, budget))
 }

@@ -12,6 +12,10 @@
 //!                                                                     └───────────────────────┘
 //! ```
 //!
+//! The latency baseline is the mean of the first 20 ticks with finished calls at the stable
+//! budget, then a slow EWMA of them; the latency rule waits for those 20 ticks. With tools of
+//! very different latency in one backend, prefer an explicit `target_p99`.
+//!
 //! A tick with no finished call carries no evidence of trouble: it counts as error rate 0 and
 //! as the learned baseline latency, so a budget cut during a storm recovers once the storm
 //! has stopped, even if nothing else is sent.
@@ -175,6 +179,8 @@ pub struct Health {
 
 /// Weight of one tick in the learned baseline: slow, so a storm does not teach it.
 const BASELINE_ALPHA: f64 = 0.05;
+/// Ticks with finished calls the baseline averages before the latency rule uses it.
+pub const BASELINE_WARMUP: u32 = 20;
 
 /// The pure controller: feed it one [`TickStats`] per tick.
 #[derive(Debug, Clone)]
@@ -185,6 +191,7 @@ pub struct Controller {
     error_rate: Ewma,
     p99: Ewma,
     baseline: Ewma,
+    baseline_samples: u32,
     budget: f64,
     streak: u32,
 }
@@ -200,6 +207,7 @@ impl Controller {
             error_rate: Ewma::new(alpha),
             p99: Ewma::new(alpha),
             baseline: Ewma::new(BASELINE_ALPHA),
+            baseline_samples: 0,
             streak: 0,
             config,
         }
@@ -227,7 +235,24 @@ impl Controller {
             None => self
                 .baseline
                 .value()
+                .filter(|_| self.baseline_samples >= BASELINE_WARMUP)
                 .map(|b| b * self.config.latency_tolerance),
+        }
+    }
+
+    /// The plain mean of the first [`BASELINE_WARMUP`] samples (so the first one does not
+    /// dominate), then a slow EWMA.
+    fn learn_baseline(&mut self, sample: f64) {
+        self.baseline_samples = self.baseline_samples.saturating_add(1);
+        match self.baseline.value() {
+            Some(mean) if self.baseline_samples <= BASELINE_WARMUP => {
+                let n = f64::from(self.baseline_samples);
+                self.baseline = Ewma::new(BASELINE_ALPHA);
+                self.baseline.update(mean + (sample - mean) / n);
+            }
+            _ => {
+                self.baseline.update(sample);
+            }
         }
     }
 
@@ -255,7 +280,7 @@ impl Controller {
             if let Some(raw) = p99_sample.filter(|_| stats.completed > 0)
                 && self.budget >= self.config.stable_budget
             {
-                self.baseline.update(raw);
+                self.learn_baseline(raw);
             }
             if self.streak >= self.config.recover_after {
                 self.budget =

@@ -44,7 +44,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-pub use controller::{BudgetConfig, Controller, Health, TickStats};
+pub use controller::{BASELINE_WARMUP, BudgetConfig, Controller, Health, TickStats};
 pub use ewma::Ewma;
 pub use gcra::{Gcra, gcra_check, interval_for_rate};
 pub use tenant::{DEMAND_HEADROOM, TenantConfig, allocate};

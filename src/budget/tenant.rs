@@ -78,7 +78,8 @@ pub const DEMAND_HEADROOM: f64 = 1.5;
 /// Splits `budget` among tenants by weighted max-min fairness (water-filling): a tenant that
 /// wants less than its weighted share gets what it wants (with [`DEMAND_HEADROOM`]), and what
 /// it leaves is split among the others by weight, so one tenant alone may use everything.
-/// Returns each tenant's allocation, in input order.
+/// When every tenant has what it wants, the rest is split among all by weight: the whole
+/// budget is always allocated. Returns each tenant's allocation, in input order.
 ///
 /// ```
 /// use stormgate::budget::allocate;
@@ -109,13 +110,21 @@ pub fn allocate(budget: f64, tenants: &[(f64, f64)]) -> Vec<f64> {
             for &i in &open {
                 alloc[i] = remaining * tenants[i].0 / total_weight;
             }
-            break;
+            return alloc;
         }
         for &i in &satisfied {
             alloc[i] = tenants[i].1 * DEMAND_HEADROOM;
             remaining -= alloc[i];
         }
         open.retain(|i| !satisfied.contains(i));
+    }
+    // Everyone has what it asks for: the rest is split by weight too, so a tenant whose demand
+    // jumps can use the idle budget before the next tick measures it.
+    let total_weight: f64 = tenants.iter().map(|t| t.0).sum();
+    if remaining > 0.0 && total_weight > 0.0 {
+        for (a, t) in alloc.iter_mut().zip(tenants) {
+            *a += remaining * t.0 / total_weight;
+        }
     }
     alloc
 }
@@ -130,6 +139,11 @@ mod tests {
         assert_eq!(allocate(1000.0, &[(1.0, 1e9)]), [1000.0]);
         assert_eq!(allocate(900.0, &[(2.0, 1e9), (1.0, 1e9)]), [600.0, 300.0]);
         assert_eq!(allocate(1000.0, &[]), Vec::<f64>::new());
+        // Both satisfied with 15: the other 970 is split too.
+        assert_eq!(
+            allocate(1000.0, &[(1.0, 10.0), (1.0, 10.0)]),
+            [500.0, 500.0]
+        );
     }
 
     proptest! {

@@ -87,3 +87,64 @@ pub async fn body_json(res: Response) -> serde_json::Value {
 pub async fn body_bytes(res: Response) -> Bytes {
     res.into_body().collect().await.unwrap().to_bytes()
 }
+
+// --- Talking MCP to an in-process router (rmcp's session handshake, SSE answers) ---
+
+/// A POST to `/mcp` with a JSON-RPC body, on `session` when given.
+pub fn request(session: Option<&str>, body: serde_json::Value) -> Request<Body> {
+    let mut req = Request::post("/mcp")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("host", "localhost");
+    if let Some(s) = session {
+        req = req
+            .header("mcp-session-id", s)
+            .header("mcp-protocol-version", "2025-11-25");
+    }
+    req.body(Body::from(body.to_string())).unwrap()
+}
+
+/// The JSON-RPC message of an answer (the JSON body, or the SSE event carrying it), and the
+/// queue wait the FIFO layer recorded.
+pub async fn message(res: Response) -> (serde_json::Value, Option<stormgate::fifo::QueueWait>) {
+    let wait = res
+        .extensions()
+        .get::<stormgate::fifo::QueueWait>()
+        .copied();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let json = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .find(|d| d.contains("\"jsonrpc\""))
+        .unwrap_or(text.trim())
+        .to_owned();
+    (serde_json::from_str(&json).unwrap(), wait)
+}
+
+/// Opens an MCP session on `router` (initialize + initialized) and returns its id.
+pub async fn session(router: &axum::Router) -> String {
+    use tower::ServiceExt;
+    let init = serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
+    let res = router.clone().oneshot(request(None, init)).await.unwrap();
+    let id = res.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    message(res).await;
+    let done = serde_json::json!({"jsonrpc":"2.0","method":"notifications/initialized"});
+    router
+        .clone()
+        .oneshot(request(Some(&id), done))
+        .await
+        .unwrap();
+    id
+}
+
+/// A `tools/call` on `session`.
+pub fn tool_call(session: &str, id: usize, tool: &str, args: serde_json::Value) -> Request<Body> {
+    request(
+        Some(session),
+        serde_json::json!({"jsonrpc":"2.0","id":id,"method":"tools/call",
+            "params":{"name":tool,"arguments":args}}),
+    )
+}
