@@ -1,0 +1,79 @@
+//! Per-call cost of the global + tenant admission with 1, 100 and 10 000 tenants, and of
+//! recording one outcome: `cargo bench --bench budget`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use stormgate::admit::Admission;
+use stormgate::budget::{Budget, BudgetConfig, TenantConfig};
+use stormgate::outcome::{Observation, Observer, Outcome};
+use stormgate::{Call, Tenant};
+
+fn budget() -> Budget {
+    Budget::builder(BudgetConfig {
+        // Large enough never to refuse: the cost of the decision itself is measured.
+        stable_budget: 1e12,
+        ..BudgetConfig::default()
+    })
+    .tenants(TenantConfig {
+        min_budget: Some(1e6),
+        max_tenants: 100_000,
+        ..TenantConfig::default()
+    })
+    .build()
+}
+
+fn admission(c: &mut Criterion) {
+    let mut g = c.benchmark_group("budget admission (global + tenant), per call");
+    for tenants in [1usize, 100, 10_000] {
+        let b = budget();
+        let calls: Vec<Call> = (0..tenants)
+            .map(|i| {
+                Call::request("tools/call")
+                    .with_tool("search")
+                    .with_tenant(Tenant::new(format!("tenant-{i}")))
+            })
+            .collect();
+        for call in &calls {
+            let _ = b.admit(call); // every tenant exists before measuring
+        }
+        b.tick();
+        let mut i = 0;
+        g.bench_with_input(
+            BenchmarkId::from_parameter(tenants),
+            &tenants,
+            |bench, _| {
+                bench.iter(|| {
+                    i = (i + 1) % calls.len();
+                    black_box(b.admit(&calls[i]).is_ok())
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+fn outcome(c: &mut Criterion) {
+    let b = budget();
+    let call = Call::request("tools/call").with_tool("search");
+    let observation = Observation {
+        call: &call,
+        outcome: Outcome::Ok,
+        service_time: Duration::from_millis(12),
+        response_bytes: 512,
+    };
+    let mut n = 0u64;
+    c.bench_function("budget: record one outcome", |bench| {
+        bench.iter(|| {
+            b.observe(black_box(&observation));
+            n += 1;
+            if n.is_multiple_of(100_000) {
+                b.tick(); // keep the tick's histogram as it is in service
+            }
+        })
+    });
+}
+
+criterion_group!(benches, admission, outcome);
+criterion_main!(benches);
