@@ -162,6 +162,8 @@ pub struct Call {
     pub(crate) span: Range<usize>,
     /// Position of this message in the body the client sent (kept when a batch is split).
     pub(crate) seq: u32,
+    /// `params.arguments` of a `tools/call`, the exact bytes (a slice of the body, no copy).
+    pub(crate) arguments: Option<Bytes>,
 }
 
 impl CallKind {
@@ -194,6 +196,7 @@ impl Call {
             header_mismatch: false,
             span: 0..0,
             seq: 0,
+            arguments: None,
         }
     }
 
@@ -214,6 +217,19 @@ impl Call {
     pub fn with_session(mut self, session: SessionId) -> Self {
         self.session = session;
         self
+    }
+
+    /// Sets the `tools/call` arguments (JSON text).
+    pub fn with_arguments(mut self, json: &str) -> Self {
+        self.arguments = Some(Bytes::copy_from_slice(json.as_bytes()));
+        self
+    }
+
+    /// The `tools/call` arguments as sent (JSON text), if any.
+    pub fn arguments(&self) -> Option<&str> {
+        self.arguments
+            .as_deref()
+            .and_then(|b| std::str::from_utf8(b).ok())
     }
 
     /// Sets the cost.

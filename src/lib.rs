@@ -43,6 +43,7 @@ pub mod call;
 pub mod classify;
 pub mod cost;
 mod duration_ms;
+pub mod entropy;
 pub mod fifo;
 pub mod mcp;
 pub mod metrics;

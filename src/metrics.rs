@@ -20,6 +20,9 @@
 //! | `stormgate_budget_p99_seconds` | gauge | | smoothed p99 service time |
 //! | `stormgate_budget_in_flight` | gauge | | smoothed calls in flight |
 //! | `stormgate_budget_rejected_total` | counter | `reason` | calls the budget refused (global or tenant) |
+//! | `stormgate_sessions` | gauge | | sessions tracked by the session guard |
+//! | `stormgate_session_top_score` | gauge | | the highest storm score at the last sweep |
+//! | `stormgate_session_rejected_total` | counter | | calls the session guard refused |
 //! | `stormgate_outcomes_total` | counter | `outcome` | finished calls by outcome (ok, error, timeout, cancelled, client_error) |
 
 /// JSON-RPC messages classified, by `kind`.
@@ -58,3 +61,9 @@ pub const BUDGET_IN_FLIGHT: &str = "stormgate_budget_in_flight";
 pub const BUDGET_REJECTED: &str = "stormgate_budget_rejected_total";
 /// Finished calls by `outcome`.
 pub const OUTCOMES: &str = "stormgate_outcomes_total";
+/// Sessions tracked by the session guard.
+pub const SESSIONS: &str = "stormgate_sessions";
+/// The highest storm score at the last sweep.
+pub const SESSION_TOP_SCORE: &str = "stormgate_session_top_score";
+/// Calls the session guard refused.
+pub const SESSION_REJECTED: &str = "stormgate_session_rejected_total";

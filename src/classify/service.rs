@@ -166,6 +166,10 @@ pub(crate) fn classify(
                 header_mismatch,
                 span: m.span,
                 seq: u32::try_from(seq).unwrap_or(u32::MAX),
+                arguments: m.arguments.map(|raw| {
+                    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+                    body.slice(start..start + raw.get().len())
+                }),
             }
         })
         .collect();

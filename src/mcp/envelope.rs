@@ -19,6 +19,8 @@ pub(crate) struct Message<'a> {
     /// `params.uri` (resources/read).
     pub(crate) uri: Option<Cow<'a, str>>,
     pub(crate) meta: Option<&'a RawValue>,
+    /// `params.arguments` (tools/call), borrowed from the body.
+    pub(crate) arguments: Option<&'a RawValue>,
     pub(crate) span: Range<usize>,
 }
 
@@ -53,6 +55,8 @@ struct Params<'a> {
     uri: Option<Cow<'a, str>>,
     #[serde(borrow, default, rename = "_meta")]
     meta: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
 }
 
 /// `Some` for any present value, `null` included (a plain `Option` would read `null` as absent).
@@ -123,6 +127,7 @@ fn invalid(span: Range<usize>) -> Message<'static> {
         name: None,
         uri: None,
         meta: None,
+        arguments: None,
         span,
     }
 }
@@ -149,6 +154,7 @@ fn message(wire: Wire<'_>, span: Range<usize>) -> Option<Message<'_>> {
         name: params.name,
         uri: params.uri,
         meta: params.meta,
+        arguments: params.arguments,
         span,
     })
 }

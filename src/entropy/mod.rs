@@ -1,0 +1,38 @@
+//! Per-session entropy scoring: what no plain rate limiter sees (seed 003 sections 2.1-2.3,
+//! 4.2, 5.2).
+//!
+//! An agent in a storm does not send more of the same call; it flails: new queries, new
+//! parameters, other tools, while its calls fail and slow down. [`SessionGuard`] keeps, per
+//! session:
+//!
+//! * a sliding window (`window_size`, 10 s, bucketed) of calls per resource key (the tool and,
+//!   by default, a short hash of its canonical arguments, so the same search with ever-new
+//!   queries looks diverse), and its Shannon entropy, kept in O(1) per call and per expiry
+//!   ([`Shannon`]);
+//! * its health from the outcome hook: smoothed error rate, and service time relative to each
+//!   tool's healthy service time;
+//! * a storm score ([`storm_score`]): `distress x (1 + diversity)`, where distress is how far
+//!   errors and latency are past their tolerances and diversity is the entropy above 1 bit plus
+//!   its rise over the session's own healthy baseline;
+//! * a budget: `base_budget` cost units per second times `exp(-entropy_coefficient x score)`
+//!   (at least `min_factor`), cut at once when the score rises, regained by `recover_step` per
+//!   second once the session is healthy again (errors and latency back within tolerance). Refusal: `session_budget_exceeded`, scope `agent_session`,
+//!   `retry_after_ms` from the real deficit.
+//!
+//! Complex-task protection (seed 5.2): a diverse session whose calls succeed at normal latency
+//! has no distress and scores 0: it is never penalized for its entropy. A low-entropy loop of
+//! the same failing call is caught by its distress alone.
+//!
+//! State is bounded: at most `max_sessions` are tracked (past it, new sessions share one
+//! overflow session and no tracked session is evicted for them), sessions idle for `idle_ttl`
+//! are swept, and each window stores at most `max_keys` keys.
+
+mod guard;
+mod score;
+mod shannon;
+mod window;
+
+pub use guard::{OVERFLOW_SESSION, SessionConfig, SessionGuard, SessionPermit, SessionSummary};
+pub use score::{Signals, Tolerances, budget_factor, distress, diversity, storm_score};
+pub use shannon::Shannon;
+pub use window::SessionWindow;

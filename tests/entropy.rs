@@ -1,0 +1,199 @@
+//! The session guard against four agent archetypes, in paused time: every figure is exact.
+
+use std::time::Duration;
+
+use serde_json::json;
+use stormgate::admit::Admission;
+use stormgate::entropy::{SessionConfig, SessionGuard};
+use stormgate::outcome::{Observation, Observer, Outcome};
+use stormgate::{Call, SessionId};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn guard() -> SessionGuard {
+    SessionGuard::new(SessionConfig {
+        base_budget: 2.0,
+        burst: 4.0,
+        ..SessionConfig::default()
+    })
+    .unwrap()
+}
+
+fn call(session: &str, tool: &str, args: serde_json::Value) -> Call {
+    Call::request("tools/call")
+        .with_tool(tool)
+        .with_session(SessionId::new(session))
+        .with_arguments(&args.to_string())
+}
+
+/// What happened to one call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Step {
+    at: Duration,
+    admitted: bool,
+    factor: f64,
+}
+
+/// Sends `call`; if admitted, reports `outcome` after `latency`. Returns the step.
+async fn send(
+    g: &SessionGuard,
+    c: &Call,
+    outcome: Outcome,
+    latency: Duration,
+    start: tokio::time::Instant,
+) -> Step {
+    let at = start.elapsed();
+    let admitted = g.admit(c).is_ok();
+    if admitted {
+        g.observe(&Observation {
+            call: c,
+            outcome,
+            service_time: latency,
+            response_bytes: 100,
+        });
+    }
+    Step {
+        at,
+        admitted,
+        factor: g.summary(&c.session).unwrap().factor,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_steady_agent_is_never_penalized() {
+    let g = guard();
+    let start = tokio::time::Instant::now();
+    let c = call("steady", "search", json!({"q": "weather in Paris"}));
+    for _ in 0..300 {
+        let step = send(&g, &c, Outcome::Ok, ms(200), start).await;
+        assert!(step.admitted);
+        assert_eq!(step.factor, 1.0);
+        tokio::time::advance(ms(1000)).await;
+    }
+    let s = g.summary(&c.session).unwrap();
+    assert_eq!((s.score, s.entropy, s.rejected), (0.0, 0.0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_complex_healthy_agent_is_not_throttled() {
+    let g = guard();
+    let start = tokio::time::Instant::now();
+    // Five tools round-robin at very different latencies, no errors, one call a second.
+    let tools = [
+        ("sql", 1000),
+        ("search", 200),
+        ("cache", 10),
+        ("code", 50),
+        ("fetch", 400),
+    ];
+    let mut throttled = 0;
+    for i in 0..600 {
+        let (tool, latency) = tools[i % tools.len()];
+        let c = call("complex", tool, json!({"step": tool}));
+        let step = send(&g, &c, Outcome::Ok, ms(latency), start).await;
+        if !step.admitted {
+            throttled += 1;
+        }
+        tokio::time::advance(ms(1000)).await;
+    }
+    let s = g.summary(&SessionId::new("complex")).unwrap();
+    assert!(
+        (s.entropy - 5f64.log2()).abs() < 1e-9,
+        "high entropy: {}",
+        s.entropy
+    );
+    assert_eq!(s.score, 0.0, "complex but healthy: no penalty");
+    assert_eq!(throttled, 0, "at most 1% allowed, none seen");
+}
+
+/// The seed's storm: one search tool, ever-new queries, retrying every failure or refusal at
+/// once with a new query; healthy for 40 calls, then errors rise to 40% and latency from
+/// 200 ms to 1.8 s. Returns every step and the index of the first call after errors start.
+async fn storm(g: &SessionGuard) -> (Vec<Step>, usize) {
+    let start = tokio::time::Instant::now();
+    let mut steps = Vec::new();
+    let mut errors_from = None;
+    let mut q: u64 = 0;
+    while start.elapsed() < Duration::from_secs(240) {
+        q += 1;
+        let sick = q > 40;
+        if sick && errors_from.is_none() {
+            errors_from = Some(steps.len());
+        }
+        let j = q.saturating_sub(41) as f64;
+        let p_error = if sick { (0.4 * j / 30.0).min(0.4) } else { 0.0 };
+        let failed = sick && ((q * 37) % 100) as f64 / 100.0 < p_error;
+        let latency = if sick {
+            (200.0 + 1600.0 * (j / 30.0).min(1.0)) as u64
+        } else {
+            200
+        };
+        let c = call(
+            "storm",
+            "search",
+            json!({"query": format!("query number {q}")}),
+        );
+        let outcome = if failed { Outcome::Error } else { Outcome::Ok };
+        let step = send(g, &c, outcome, ms(latency), start).await;
+        steps.push(step);
+        // Healthy: next query in 2 s. Failed or refused: retry at once with a new query.
+        let pause = if step.admitted && !failed { 2000 } else { 200 };
+        tokio::time::advance(ms(pause)).await;
+    }
+    (steps, errors_from.unwrap())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_storm_agent_is_penalized_early_and_its_admitted_rate_falls() {
+    let g = guard();
+    let (steps, errors_from) = storm(&g).await;
+    let first_penalty = steps[errors_from..]
+        .iter()
+        .position(|s| s.factor < 1.0)
+        .expect("penalized");
+    assert!(
+        first_penalty < 15,
+        "penalized {first_penalty} calls after the errors started"
+    );
+    // Admitted calls per second: healthy phase vs the storm once penalized.
+    let healthy = &steps[..errors_from];
+    let healthy_rate = healthy.len() as f64 / healthy.last().unwrap().at.as_secs_f64();
+    let storm = &steps[errors_from + first_penalty..];
+    let span = storm.last().unwrap().at - storm[0].at;
+    let storm_rate = storm.iter().filter(|s| s.admitted).count() as f64 / span.as_secs_f64();
+    let fall = 1.0 - storm_rate / healthy_rate;
+    assert!(
+        fall >= 0.8,
+        "admitted rate fell by {:.0}% ({healthy_rate:.3}/s -> {storm_rate:.3}/s)",
+        fall * 100.0
+    );
+    let s = g.summary(&SessionId::new("storm")).unwrap();
+    assert!(s.score > 5.0, "score {}", s.score);
+    assert!(s.rejected > 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_low_entropy_failing_loop_is_penalized() {
+    let g = guard();
+    let start = tokio::time::Instant::now();
+    let c = call("loop", "search", json!({"q": "the same thing"}));
+    let mut steps = Vec::new();
+    for i in 0..200 {
+        // Errors start at call 50 and rise to every call by call 100.
+        let failed = i >= 50 && (i - 50) * 2 >= (i * 7) % 100;
+        let outcome = if failed { Outcome::Error } else { Outcome::Ok };
+        steps.push(send(&g, &c, outcome, ms(200), start).await);
+        tokio::time::advance(ms(500)).await;
+    }
+    assert!(steps[..50].iter().all(|s| s.admitted && s.factor == 1.0));
+    let first_penalty = steps[50..].iter().position(|s| s.factor < 1.0).unwrap();
+    assert!(
+        first_penalty < 15,
+        "penalized {first_penalty} calls after the errors started"
+    );
+    let s = g.summary(&c.session).unwrap();
+    assert_eq!(s.entropy, 0.0, "one key: no entropy");
+    assert!(s.score > 1.0 && s.rejected > 0, "{s:?}");
+}

@@ -1,0 +1,48 @@
+//! Bytes per tracked session, counted by an instrumented global allocator (live heap bytes).
+//! The README quotes the figure this test pins.
+
+use std::alloc::System;
+
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use stormgate::admit::Admission;
+use stormgate::entropy::{SessionConfig, SessionGuard};
+use stormgate::{Call, SessionId};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+#[test]
+fn bytes_per_tracked_session() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _enter = rt.enter();
+    let g = SessionGuard::new(SessionConfig::default()).unwrap();
+    let n = 100_000;
+    // Session ids and calls are made first, so only the guard's own state is counted.
+    let calls: Vec<Call> = (0..n)
+        .map(|i| {
+            Call::request("tools/call")
+                .with_tool("search")
+                .with_session(SessionId::new(format!("session-{i:08}")))
+                .with_arguments(r#"{"q":"x"}"#)
+        })
+        .collect();
+    let region = Region::new(GLOBAL);
+    for c in &calls {
+        g.admit(c).unwrap();
+    }
+    let stats = region.change();
+    let live =
+        stats.bytes_allocated as isize - stats.bytes_deallocated as isize + stats.bytes_reallocated;
+    let per_session = live as f64 / n as f64;
+    // One call each: the session's window (one bucket, one key), health, budget, and its
+    // share of the sharded map.
+    assert!(per_session < 1024.0, "{per_session:.0} bytes per session");
+    assert!(
+        per_session > 200.0,
+        "{per_session:.0} bytes per session: is anything counted?"
+    );
+    println!("bytes per tracked session: {per_session:.0}");
+}
