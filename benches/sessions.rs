@@ -1,5 +1,5 @@
-//! Per-call cost of the session guard with 1 000, 100 000 and 1 000 000 tracked sessions:
-//! `cargo bench --bench sessions`.
+//! Per-call cost of the session guard with 1 000, 100 000 and 1 000 000 tracked sessions,
+//! calls spread over all of them and one busy session among them: `cargo bench --bench sessions`.
 
 use std::hint::black_box;
 
@@ -23,28 +23,60 @@ fn guard_per_call(c: &mut Criterion) {
             ..SessionConfig::default()
         })
         .unwrap();
-        let calls: Vec<Call> = (0..sessions)
-            .map(|i| {
-                Call::request("tools/call")
-                    .with_tool("search")
-                    .with_session(SessionId::new(format!("session-{i}")))
-                    .with_arguments(&format!(r#"{{"query":"q{}"}}"#, i % 7))
-            })
-            .collect();
-        for call in &calls {
-            guard.admit(call).unwrap();
+        let mut call = Call::request("tools/call")
+            .with_tool("search")
+            .with_arguments(r#"{"query":"q1"}"#);
+        for i in 0..sessions {
+            call.session = SessionId::new(i.to_string());
+            guard.admit(&call).unwrap();
         }
-        // Calls go to sessions in a scrambled order (a stride coprime with the count).
+        // Calls go to sessions in a scrambled order (a stride coprime with the count). Each
+        // iteration builds the session id (one small allocation, the same at every size), so
+        // only the guard's own state grows with the number of sessions.
         let mut i = 0usize;
         g.bench_with_input(BenchmarkId::from_parameter(sessions), &sessions, |b, &n| {
             b.iter(|| {
                 i = (i + 7919) % n;
-                black_box(guard.admit(&calls[i]).is_ok())
+                call.session = SessionId::new(i.to_string());
+                black_box(guard.admit(&call).is_ok())
             })
         });
     }
     g.finish();
 }
 
-criterion_group!(benches, guard_per_call);
+/// One busy session among N tracked ones: what the number of sessions itself costs a call.
+fn busy_session_among(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _enter = rt.enter();
+    let mut g = c.benchmark_group("session guard, one busy session among N");
+    for sessions in [1_000usize, 100_000, 1_000_000] {
+        let guard = SessionGuard::new(SessionConfig {
+            base_budget: 1e12,
+            burst: 1e12,
+            max_sessions: 2_000_000,
+            ..SessionConfig::default()
+        })
+        .unwrap();
+        let mut call = Call::request("tools/call")
+            .with_tool("search")
+            .with_arguments(r#"{"query":"q1"}"#);
+        for i in 0..sessions {
+            call.session = SessionId::new(i.to_string());
+            guard.admit(&call).unwrap();
+        }
+        g.bench_with_input(BenchmarkId::from_parameter(sessions), &sessions, |b, _| {
+            b.iter(|| {
+                call.session = SessionId::new("17");
+                black_box(guard.admit(&call).is_ok())
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, guard_per_call, busy_session_among);
 criterion_main!(benches);

@@ -12,6 +12,7 @@ use common::{message, session, tool_call};
 use serde_json::json;
 use stormgate::budget::{BudgetConfig, TenantConfig};
 use stormgate::cost::{CostConfig, Weight};
+use stormgate::entropy::SessionConfig;
 use tower::ServiceExt;
 
 #[tokio::test(start_paused = true)]
@@ -34,11 +35,17 @@ async fn a_sql_scan_burst_drives_the_budget_down_and_it_recovers_by_steps() {
             ..TenantConfig::default()
         },
         costs,
+        // The session guard is under test elsewhere; here it must not stand in the way.
+        sessions: SessionConfig {
+            enabled: false,
+            ..SessionConfig::default()
+        },
         ..app::Config::default()
     };
     let backend = app::Backend::new();
-    let (router, budget) = app::protected(backend.clone(), &config).unwrap();
-    let _ticker = budget.spawn_ticker();
+    let (router, guards) = app::protected(backend.clone(), &config).unwrap();
+    let budget = guards.budget.clone();
+    let _tasks = guards.spawn();
     let sid = session(&router).await;
 
     // Warm up: one scan at a time, healthy (200 ms).

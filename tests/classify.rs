@@ -41,6 +41,11 @@ async fn single_request_with_number_id() {
     assert_eq!(call.id.as_ref().unwrap().as_json(), "7");
     assert_eq!(call.method.as_deref(), Some("tools/call"));
     assert_eq!(call.tool.as_deref(), Some("sql_scan"));
+    assert_eq!(
+        call.arguments(),
+        Some(r#"{"table":"t"}"#),
+        "exact bytes of the arguments"
+    );
     assert_eq!(call.resource, None);
     assert_eq!(call.tenant.as_str(), "anonymous");
     assert_eq!(call.session.as_str(), "anonymous");

@@ -175,6 +175,23 @@ async fn a_storm_agent_is_penalized_early_and_its_admitted_rate_falls() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_top_view_ranks_the_storm_first() {
+    let g = guard();
+    let start = tokio::time::Instant::now();
+    for i in 0..20 {
+        let c = call(&format!("calm-{i}"), "search", json!({"q": "same"}));
+        send(&g, &c, Outcome::Ok, ms(200), start).await;
+    }
+    storm(&g).await;
+    g.sweep();
+    let top = g.top();
+    assert_eq!(top.len(), 10, "bounded to top_n");
+    assert_eq!(top[0].session, "storm");
+    assert!(top[0].score > 5.0 && top[0].rejected > 0);
+    assert!(top[1..].iter().all(|s| s.score == 0.0));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_low_entropy_failing_loop_is_penalized() {
     let g = guard();
     let start = tokio::time::Instant::now();

@@ -21,6 +21,7 @@ use serde::Deserialize;
 use stormgate::budget::{Budget, BudgetConfig, TenantConfig};
 use stormgate::classify::ClassifyLayer;
 use stormgate::cost::CostConfig;
+use stormgate::entropy::{SessionConfig, SessionGuard};
 use stormgate::fifo::FifoConfig;
 use stormgate::outcome::OutcomeLayer;
 use tokio::sync::Semaphore;
@@ -204,6 +205,8 @@ pub(crate) struct Config {
     pub(crate) tenants: TenantConfig,
     #[serde(default)]
     pub(crate) costs: CostConfig,
+    #[serde(default)]
+    pub(crate) sessions: SessionConfig,
 }
 
 impl Config {
@@ -214,23 +217,39 @@ impl Config {
     }
 }
 
+/// The shared state behind the stack, whose background tasks the caller spawns.
+#[derive(Debug, Clone)]
+pub(crate) struct Guards {
+    pub(crate) budget: Budget,
+    pub(crate) sessions: SessionGuard,
+}
+
+impl Guards {
+    /// Starts the budget's ticker and the session sweeper.
+    pub(crate) fn spawn(&self) -> [tokio::task::JoinHandle<()>; 2] {
+        [self.budget.spawn_ticker(), self.sessions.spawn_sweeper()]
+    }
+}
+
 /// `/mcp` wrapped by the whole stormgate stack, outermost first: classify (with tool
-/// weights), the adaptive budget with tenant shares, the per-resource FIFO limiter, and outcome
-/// observation feeding the budget. Returns the budget too: its ticker must be spawned.
+/// weights), the adaptive budget with tenant shares, the session guard, the per-resource FIFO
+/// limiter, and outcome observation feeding the budget and the sessions.
 pub(crate) fn protected(
     backend: Arc<Backend>,
     config: &Config,
-) -> Result<(Router, Budget), String> {
+) -> Result<(Router, Guards), String> {
     let budget = Budget::builder(config.budget.clone())
         .tenants(config.tenants.clone())
         .costs(config.costs.clone())
         .try_build()?;
+    let sessions = SessionGuard::new(config.sessions.clone())?;
     let router = mcp_router(backend)
-        .layer(OutcomeLayer::new([budget.observer()]))
+        .layer(OutcomeLayer::new([budget.observer(), sessions.observer()]))
         .layer(config.fifo.layer())
+        .layer(sessions.layer())
         .layer(budget.layer())
         .layer(ClassifyLayer::new().costs(budget.costs()));
-    Ok((router, budget))
+    Ok((router, Guards { budget, sessions }))
 }
 
 /// The whole example application: the protected `/mcp`, and `/metrics`.
@@ -238,11 +257,11 @@ pub(crate) fn app(
     backend: Arc<Backend>,
     config: &Config,
     metrics: PrometheusHandle,
-) -> Result<(Router, Budget), String> {
-    let (router, budget) = protected(backend, config)?;
+) -> Result<(Router, Guards), String> {
+    let (router, guards) = protected(backend, config)?;
     let router = router.route(
         "/metrics",
         get(move || std::future::ready(metrics.render())),
     );
-    Ok((router, budget))
+    Ok((router, guards))
 }

@@ -35,9 +35,9 @@ async fn main() -> std::io::Result<()> {
     let config_path =
         flag("--config", "STORMGATE_CONFIG").unwrap_or_else(|| app::CONFIG.to_owned());
     let config = app::Config::load(&config_path).map_err(std::io::Error::other)?;
-    let (app, budget) =
+    let (app, guards) =
         app::app(app::Backend::new(), &config, metrics).map_err(std::io::Error::other)?;
-    let _ticker = budget.spawn_ticker();
+    let _tasks = guards.spawn();
     let addr = flag("--addr", "STORMGATE_ADDR").unwrap_or_else(|| DEFAULT_ADDR.to_owned());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;

@@ -1,7 +1,7 @@
 //! The session guard: per-session windows, health, storm score and budget.
 
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -151,6 +151,7 @@ impl SessionConfig {
 /// One session's state; its own mutex, touched only by its own calls.
 #[derive(Debug)]
 struct Session {
+    id: SessionId,
     window: SessionWindow,
     errors: Ewma,
     latency: Ewma,
@@ -193,7 +194,10 @@ struct Inner {
     config: SessionConfig,
     tolerances: Tolerances,
     epoch: Instant,
-    sessions: DashMap<SessionId, Arc<Mutex<Session>>>,
+    /// Keyed by a 64-bit hash of the session id: no string is hashed twice or compared on
+    /// the hot path (two ids colliding share a state; at a million sessions the odds are about
+    /// 3 in 100 million).
+    sessions: DashMap<u64, Arc<Mutex<Session>>, BuildHasherDefault<PassThrough>>,
     overflow: Arc<Mutex<Session>>,
     tool_latency: DashMap<String, Mutex<Ewma>>,
     top: Mutex<Vec<SessionSummary>>,
@@ -211,6 +215,30 @@ impl std::fmt::Debug for SessionGuard {
 /// What an admitted call took from its session, to give back if a later stage refuses it.
 #[derive(Debug)]
 pub struct SessionPermit(Option<(Arc<Mutex<Session>>, f64)>);
+
+/// The map's hasher: its keys are already uniform 64-bit hashes.
+#[derive(Debug, Default, Clone, Copy)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+fn session_key(id: &SessionId) -> u64 {
+    let mut h = DefaultHasher::new();
+    id.as_str().hash(&mut h);
+    h.finish()
+}
 
 fn lock(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
     s.lock().unwrap_or_else(PoisonError::into_inner)
@@ -247,10 +275,13 @@ impl SessionGuard {
         };
         let guard = SessionGuard {
             inner: Arc::new(Inner {
-                overflow: Arc::new(Mutex::new(Self::session(&config))),
+                overflow: Arc::new(Mutex::new(Self::session(
+                    SessionId::new(OVERFLOW_SESSION),
+                    &config,
+                ))),
                 tolerances,
                 epoch: Instant::now(),
-                sessions: DashMap::new(),
+                sessions: DashMap::default(),
                 tool_latency: DashMap::new(),
                 top: Mutex::new(Vec::new()),
                 config,
@@ -259,8 +290,9 @@ impl SessionGuard {
         Ok(guard)
     }
 
-    fn session(config: &SessionConfig) -> Session {
+    fn session(id: SessionId, config: &SessionConfig) -> Session {
         Session {
+            id,
             window: SessionWindow::new(config.window_size, config.buckets, config.max_keys),
             errors: Ewma::new(HEALTH_ALPHA),
             latency: Ewma::new(HEALTH_ALPHA),
@@ -326,7 +358,8 @@ impl SessionGuard {
     }
 
     fn entry(&self, id: &SessionId) -> Arc<Mutex<Session>> {
-        if let Some(s) = self.inner.sessions.get(id) {
+        let key = session_key(id);
+        if let Some(s) = self.inner.sessions.get(&key) {
             return s.clone();
         }
         if self.inner.sessions.len() >= self.inner.config.max_sessions {
@@ -334,21 +367,21 @@ impl SessionGuard {
         }
         self.inner
             .sessions
-            .entry(id.clone())
-            .or_insert_with(|| Arc::new(Mutex::new(Self::session(&self.inner.config))))
+            .entry(key)
+            .or_insert_with(|| Arc::new(Mutex::new(Self::session(id.clone(), &self.inner.config))))
             .clone()
     }
 
     /// The current storm score, entropy and budget factor of a session.
     pub fn summary(&self, id: &SessionId) -> Option<SessionSummary> {
-        let s = self.inner.sessions.get(id)?;
+        let s = self.inner.sessions.get(&session_key(id))?;
         let s = lock(&s);
-        Some(self.summarize(id.as_str(), &s))
+        Some(Self::summarize(&s))
     }
 
-    fn summarize(&self, id: &str, s: &Session) -> SessionSummary {
+    fn summarize(s: &Session) -> SessionSummary {
         SessionSummary {
-            session: id.to_owned(),
+            session: s.id.to_string(),
             score: s.score,
             entropy: s.window.entropy(),
             factor: s.factor,
@@ -366,13 +399,13 @@ impl SessionGuard {
         let before = self.inner.sessions.len();
         let n = self.inner.config.top_n;
         let mut top: Vec<SessionSummary> = Vec::with_capacity(n + 1);
-        self.inner.sessions.retain(|id, s| {
+        self.inner.sessions.retain(|_, s| {
             let s = lock(s);
             if now.saturating_sub(s.last) >= ttl {
                 return false;
             }
             if n > 0 && (top.len() < n || top.last().is_some_and(|l| s.score > l.score)) {
-                top.push(self.summarize(id.as_str(), &s));
+                top.push(Self::summarize(&s));
                 top.sort_by(|a, b| b.score.total_cmp(&a.score));
                 top.truncate(n);
             }
@@ -427,8 +460,9 @@ impl Admission for SessionGuard {
     type Permit = SessionPermit;
 
     fn admit(&self, call: &Call) -> Result<SessionPermit, Rejection> {
-        if call.target().is_none() {
-            return Ok(SessionPermit(None)); // protocol chatter is not the work guarded
+        if !self.inner.config.enabled || call.target().is_none() {
+            // Off, or protocol chatter (initialize, tools/list, ping): not the work guarded.
+            return Ok(SessionPermit(None));
         }
         let config = &self.inner.config;
         let now = self.now();
@@ -498,7 +532,9 @@ impl Admission for SessionGuard {
 
 impl Observer for SessionGuard {
     fn observe(&self, o: &Observation<'_>) {
-        if matches!(o.outcome, Outcome::Cancelled | Outcome::ClientError) {
+        if !self.inner.config.enabled
+            || matches!(o.outcome, Outcome::Cancelled | Outcome::ClientError)
+        {
             return;
         }
         let Some(tool) = o.call.target() else {
@@ -515,7 +551,8 @@ impl Observer for SessionGuard {
                 .unwrap_or_else(PoisonError::into_inner)
                 .update(secs);
         }
-        let Some(entry) = self.inner.sessions.get(&o.call.session).map(|e| e.clone()) else {
+        let key = session_key(&o.call.session);
+        let Some(entry) = self.inner.sessions.get(&key).map(|e| e.clone()) else {
             return;
         };
         let mut s = lock(&entry);

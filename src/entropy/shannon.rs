@@ -1,7 +1,5 @@
 //! Shannon entropy of a multiset, maintained in O(1) per change.
 
-use std::collections::HashMap;
-
 /// Counts per key and the entropy of their distribution, `H = -sum(p_i log2 p_i)`, kept
 /// incrementally: with `N = sum(c_i)` and `S = sum(c_i log2 c_i)`, `H = log2 N - S / N`, and a
 /// change of one count touches one term of `S`. Never recomputed over all keys.
@@ -16,9 +14,12 @@ use std::collections::HashMap;
 /// h.remove(2, 1);
 /// assert_eq!(h.entropy(), 0.0);
 /// ```
+///
+/// The counts live in a small vector scanned linearly: a session window holds a few dozen keys
+/// at most (its `max_keys`), and one compact allocation beats a hash table for that size.
 #[derive(Debug, Clone, Default)]
 pub struct Shannon {
-    counts: HashMap<u64, u32>,
+    counts: Vec<(u64, u32)>,
     /// Calls counted as keys of their own without being stored (see [`Shannon::add_single`]).
     singles: u64,
     total: u64,
@@ -40,7 +41,13 @@ impl Shannon {
         if weight == 0 {
             return;
         }
-        let c = self.counts.entry(key).or_insert(0);
+        let c = match self.counts.iter().position(|(k, _)| *k == key) {
+            Some(i) => &mut self.counts[i].1,
+            None => {
+                self.counts.push((key, 0));
+                &mut self.counts.last_mut().expect("just pushed").1
+            }
+        };
         self.sum_c_log_c += c_log_c(*c + weight) - c_log_c(*c);
         *c += weight;
         self.total += u64::from(weight);
@@ -48,15 +55,16 @@ impl Shannon {
 
     /// Takes `weight` back from `key`'s count (never below zero).
     pub fn remove(&mut self, key: u64, weight: u32) {
-        let Some(c) = self.counts.get_mut(&key) else {
+        let Some(i) = self.counts.iter().position(|(k, _)| *k == key) else {
             return;
         };
+        let c = &mut self.counts[i].1;
         let w = weight.min(*c);
         self.sum_c_log_c += c_log_c(*c - w) - c_log_c(*c);
         *c -= w;
         self.total -= u64::from(w);
         if *c == 0 {
-            self.counts.remove(&key);
+            self.counts.swap_remove(i);
         }
         if self.total == 0 {
             self.sum_c_log_c = 0.0; // no drift left behind
@@ -111,7 +119,7 @@ impl Shannon {
 
     /// Whether `key` has a non-zero count.
     pub fn contains(&self, key: u64) -> bool {
-        self.counts.contains_key(&key)
+        self.counts.iter().any(|(k, _)| *k == key)
     }
 
     /// The sum of all counts.
@@ -122,6 +130,8 @@ impl Shannon {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
     use proptest::prelude::*;
 

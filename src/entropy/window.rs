@@ -5,13 +5,14 @@ use std::time::Duration;
 
 use super::Shannon;
 
-#[derive(Debug, Clone)]
-struct Bucket {
-    index: u64,
-    keys: Vec<(u64, u32)>,
-    /// Weights of calls past the key cap, counted as keys seen once (see
-    /// [`Shannon::add_single`]).
-    singles: Vec<u32>,
+/// Calls of one key in one bucket (`weight` in all), or, when `singles > 0`, that many calls
+/// of `weight` each past the key cap, counted as keys seen once (see [`Shannon::add_single`]).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    bucket: u64,
+    key: u64,
+    weight: u32,
+    singles: u32,
 }
 
 /// Counts per key over the last `window` (in `buckets` buckets), and their Shannon entropy.
@@ -21,7 +22,8 @@ pub struct SessionWindow {
     bucket_len: Duration,
     buckets: usize,
     max_keys: usize,
-    ring: VecDeque<Bucket>,
+    /// Entries in bucket order: one compact ring per session.
+    ring: VecDeque<Entry>,
     shannon: Shannon,
 }
 
@@ -42,15 +44,16 @@ impl SessionWindow {
 
     fn expire(&mut self, index: u64) {
         while let Some(front) = self.ring.front() {
-            if front.index + (self.buckets as u64) > index {
+            if front.bucket + (self.buckets as u64) > index {
                 break;
             }
             let old = self.ring.pop_front().expect("front exists");
-            for (key, w) in old.keys {
-                self.shannon.remove(key, w);
-            }
-            for w in old.singles {
-                self.shannon.remove_single(w);
+            if old.singles > 0 {
+                for _ in 0..old.singles {
+                    self.shannon.remove_single(old.weight);
+                }
+            } else {
+                self.shannon.remove(old.key, old.weight);
             }
         }
     }
@@ -59,22 +62,32 @@ impl SessionWindow {
     pub fn record(&mut self, elapsed: Duration, key: u64, weight: u32) {
         let index = (elapsed.as_nanos() / self.bucket_len.as_nanos()) as u64;
         self.expire(index);
-        if self.ring.back().is_none_or(|b| b.index != index) {
-            self.ring.push_back(Bucket {
-                index,
-                keys: Vec::new(),
-                singles: Vec::new(),
+        let single = !self.shannon.contains(key) && self.shannon.stored() >= self.max_keys;
+        let same = self
+            .ring
+            .iter_mut()
+            .rev()
+            .take_while(|e| e.bucket == index)
+            .find(|e| {
+                if single {
+                    e.singles > 0 && e.weight == weight
+                } else {
+                    e.singles == 0 && e.key == key
+                }
             });
+        match (same, single) {
+            (Some(e), true) => e.singles += 1,
+            (Some(e), false) => e.weight += weight,
+            (None, _) => self.ring.push_back(Entry {
+                bucket: index,
+                key,
+                weight,
+                singles: u32::from(single),
+            }),
         }
-        let bucket = self.ring.back_mut().expect("just pushed");
-        if !self.shannon.contains(key) && self.shannon.stored() >= self.max_keys {
-            bucket.singles.push(weight);
+        if single {
             self.shannon.add_single(weight);
             return;
-        }
-        match bucket.keys.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, w)) => *w += weight,
-            None => bucket.keys.push((key, weight)),
         }
         self.shannon.add(key, weight);
     }
