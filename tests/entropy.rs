@@ -74,6 +74,7 @@ async fn a_steady_agent_is_never_penalized() {
     }
     let s = g.summary(&c.session).unwrap();
     assert_eq!((s.score, s.entropy, s.rejected), (0.0, 0.0, 0));
+    assert_eq!(s.call_rate, 1.0, "10 calls in the 10 s window");
 }
 
 #[tokio::test(start_paused = true)]

@@ -178,6 +178,8 @@ pub struct SessionSummary {
     pub factor: f64,
     /// Admitted weighted cost per second, smoothed over the window.
     pub consumption: f64,
+    /// Calls (admitted or not) per second over the window.
+    pub call_rate: f64,
     /// Calls refused so far.
     pub rejected: u64,
     /// Calls seen so far.
@@ -376,11 +378,12 @@ impl SessionGuard {
     pub fn summary(&self, id: &SessionId) -> Option<SessionSummary> {
         let s = self.inner.sessions.get(&session_key(id))?;
         let s = lock(&s);
-        Some(Self::summarize(&s))
+        Some(self.summarize(&s))
     }
 
-    fn summarize(s: &Session) -> SessionSummary {
+    fn summarize(&self, s: &Session) -> SessionSummary {
         SessionSummary {
+            call_rate: s.window.total() as f64 / self.inner.config.window_size.as_secs_f64(),
             session: s.id.to_string(),
             score: s.score,
             entropy: s.window.entropy(),
@@ -405,7 +408,7 @@ impl SessionGuard {
                 return false;
             }
             if n > 0 && (top.len() < n || top.last().is_some_and(|l| s.score > l.score)) {
-                top.push(Self::summarize(&s));
+                top.push(self.summarize(&s));
                 top.sort_by(|a, b| b.score.total_cmp(&a.score));
                 top.truncate(n);
             }
