@@ -8,6 +8,25 @@ use stormgate::admit::Admission;
 use stormgate::entropy::{SessionConfig, SessionGuard};
 use stormgate::{Call, SessionId};
 
+/// A guard tracking `sessions` sessions (one call each) and a call to reuse.
+fn populated(sessions: usize) -> (SessionGuard, Call) {
+    let guard = SessionGuard::new(SessionConfig {
+        base_budget: 1e12,
+        burst: 1e12,
+        max_sessions: 2_000_000,
+        ..SessionConfig::default()
+    })
+    .unwrap();
+    let mut call = Call::request("tools/call")
+        .with_tool("search")
+        .with_arguments(r#"{"query":"q1"}"#);
+    for i in 0..sessions {
+        call.session = SessionId::new(i.to_string());
+        guard.admit(&call).unwrap();
+    }
+    (guard, call)
+}
+
 fn guard_per_call(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -16,20 +35,7 @@ fn guard_per_call(c: &mut Criterion) {
     let _enter = rt.enter();
     let mut g = c.benchmark_group("session guard, per call");
     for sessions in [1_000usize, 100_000, 1_000_000] {
-        let guard = SessionGuard::new(SessionConfig {
-            base_budget: 1e12,
-            burst: 1e12,
-            max_sessions: 2_000_000,
-            ..SessionConfig::default()
-        })
-        .unwrap();
-        let mut call = Call::request("tools/call")
-            .with_tool("search")
-            .with_arguments(r#"{"query":"q1"}"#);
-        for i in 0..sessions {
-            call.session = SessionId::new(i.to_string());
-            guard.admit(&call).unwrap();
-        }
+        let (guard, mut call) = populated(sessions);
         // Calls go to sessions in a scrambled order (a stride coprime with the count). Each
         // iteration builds the session id (one small allocation, the same at every size), so
         // only the guard's own state grows with the number of sessions.
@@ -54,20 +60,7 @@ fn busy_session_among(c: &mut Criterion) {
     let _enter = rt.enter();
     let mut g = c.benchmark_group("session guard, one busy session among N");
     for sessions in [1_000usize, 100_000, 1_000_000] {
-        let guard = SessionGuard::new(SessionConfig {
-            base_budget: 1e12,
-            burst: 1e12,
-            max_sessions: 2_000_000,
-            ..SessionConfig::default()
-        })
-        .unwrap();
-        let mut call = Call::request("tools/call")
-            .with_tool("search")
-            .with_arguments(r#"{"query":"q1"}"#);
-        for i in 0..sessions {
-            call.session = SessionId::new(i.to_string());
-            guard.admit(&call).unwrap();
-        }
+        let (guard, mut call) = populated(sessions);
         g.bench_with_input(BenchmarkId::from_parameter(sessions), &sessions, |b, _| {
             b.iter(|| {
                 call.session = SessionId::new("17");

@@ -15,8 +15,17 @@
 //!   request; bodies over the limit get 413 with a JSON-RPC error.
 //! * [`admit`]: applies a non-waiting [`Admission`](admit::Admission) to each call and owns
 //!   the rejection contract (single requests, batches, notifications).
+//! * [`budget`]: the adaptive global budget (an EWMA controller over a lock-free weighted-cost
+//!   bucket) with per-tenant shares and a guaranteed minimum; [`cost`]: tool weights.
+//! * [`entropy`]: per-session Shannon entropy, health, storm score and session budgets.
+//! * [`fifo`]: the per-resource FIFO limiter (pacing, concurrency, bounded queue, cooldowns),
+//!   inbound per tool and outbound per host; the only stage that waits.
+//! * [`outcome`]: service time and outcome of every call, learned once for every stage.
 //! * [`Rejection`]: the one refusal every layer returns, rendered as described in
 //!   [`rejection`].
+//!
+//! The order of the stack, outermost first: classify, budget, session guard, FIFO limiter,
+//! outcome, the MCP service (see the README for the whole stack in code).
 //!
 //! ```
 //! use std::time::Duration;

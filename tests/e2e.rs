@@ -66,9 +66,13 @@ impl RejectNext {
 }
 
 #[tokio::test]
-async fn lists_and_calls_every_tool() {
+async fn lists_and_calls_every_tool_through_the_whole_stack() {
+    // The example's whole stack, configured by examples/stormgate.toml.
     let backend = app::Backend::new();
-    let addr = serve(app::mcp_router(backend.clone()).layer(ClassifyLayer::new())).await;
+    let config = app::Config::load(app::CONFIG).unwrap();
+    let (router, guards) = app::protected(backend.clone(), &config).unwrap();
+    let _tasks = guards.spawn();
+    let addr = serve(router).await;
     let client = client(addr).await;
 
     let mut names: Vec<String> = client
@@ -118,6 +122,8 @@ async fn lists_and_calls_every_tool() {
         .unwrap();
     assert_eq!(text(&r), "order 1: 2 x gpu");
     assert_eq!(backend.orders(), 1);
+    // The stack saw the calls: the session guard tracks this client's session.
+    assert_eq!(guards.sessions.len(), 1);
     client.cancel().await.unwrap();
 }
 
