@@ -6,7 +6,7 @@ use tower::Layer;
 
 use super::{FifoLimit, ResourceLimiter};
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Shared {
     pub(crate) limiter: ResourceLimiter,
     pub(crate) tool_keys: HashMap<String, String>,
@@ -43,8 +43,7 @@ impl FifoLimitLayer {
 
     /// Calls of `tool` use the resource key `key`.
     pub fn tool_key(mut self, tool: impl Into<String>, key: impl Into<String>) -> Self {
-        Arc::get_mut(&mut self.shared)
-            .expect("configure the layer before cloning it")
+        Arc::make_mut(&mut self.shared)
             .tool_keys
             .insert(tool.into(), key.into());
         self
