@@ -62,6 +62,7 @@ fn outcome(c: &mut Criterion) {
         outcome: Outcome::Ok,
         service_time: Duration::from_millis(12),
         response_bytes: 512,
+        queue_wait: Duration::ZERO,
     };
     let mut n = 0u64;
     c.bench_function("budget: record one outcome", |bench| {

@@ -257,12 +257,24 @@ impl Call {
 /// Attached to the request extensions by [`ClassifyLayer`](crate::classify::ClassifyLayer).
 /// Its absence means the request is not MCP (GET, DELETE, non-JSON, not JSON-RPC); such
 /// requests also carry an [`Unclassified`] marker when they were POSTs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Calls {
     pub(crate) calls: Vec<Call>,
     pub(crate) batch: bool,
     pub(crate) body: Bytes,
     pub(crate) format: Arc<RejectionFormat>,
+    /// Told of every refusal of these calls.
+    pub(crate) observers: Arc<[Arc<dyn crate::outcome::Observer>]>,
+}
+
+impl fmt::Debug for Calls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Calls")
+            .field("calls", &self.calls)
+            .field("batch", &self.batch)
+            .field("format", &self.format)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Calls {

@@ -10,7 +10,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
 
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
@@ -113,42 +115,51 @@ struct Learned {
 /// The weight table: read on every classified call, learned from every outcome.
 #[derive(Debug)]
 pub struct Costs {
-    config: CostConfig,
+    config: ArcSwap<CostConfig>,
     learned: DashMap<String, Learned>,
 }
 
 impl Costs {
     /// A table from its settings (assumed valid).
     pub fn new(config: CostConfig) -> Self {
-        let learned = DashMap::new();
+        let costs = Costs {
+            config: ArcSwap::from_pointee(CostConfig::default()),
+            learned: DashMap::new(),
+        };
+        costs.reconfigure(config);
+        costs
+    }
+
+    /// Takes new settings (assumed valid), keeping the weights learned for tools still `auto`.
+    pub fn reconfigure(&self, config: CostConfig) {
         for (tool, w) in &config.tools {
             if let Weight::Auto(_) = w {
-                learned.insert(
-                    tool.clone(),
-                    Learned {
-                        weight: AtomicU32::new(config.min_weight),
-                        stats: Mutex::new((Ewma::new(LEARN_ALPHA), Ewma::new(LEARN_ALPHA))),
-                    },
-                );
+                self.learned.entry(tool.clone()).or_insert_with(|| Learned {
+                    weight: AtomicU32::new(config.min_weight),
+                    stats: Mutex::new((Ewma::new(LEARN_ALPHA), Ewma::new(LEARN_ALPHA))),
+                });
             }
         }
-        Costs { config, learned }
+        self.learned
+            .retain(|tool, _| matches!(config.tools.get(tool), Some(Weight::Auto(_))));
+        self.config.store(Arc::new(config));
     }
 
     /// The settings.
-    pub fn config(&self) -> &CostConfig {
-        &self.config
+    pub fn config(&self) -> Arc<CostConfig> {
+        self.config.load_full()
     }
 
     /// The weight of one call of `tool` now.
     pub fn weight(&self, tool: &str) -> u32 {
-        match self.config.tools.get(tool) {
+        let config = self.config.load();
+        match config.tools.get(tool) {
             Some(Weight::Fixed(n)) => *n,
             Some(Weight::Auto(_)) => self
                 .learned
                 .get(tool)
-                .map_or(self.config.min_weight, |l| l.weight.load(Ordering::Relaxed)),
-            None => self.config.default_weight,
+                .map_or(config.min_weight, |l| l.weight.load(Ordering::Relaxed)),
+            None => config.default_weight,
         }
     }
 
@@ -164,14 +175,15 @@ impl Costs {
                 Some((e.key().clone(), t.value()?, b.value().unwrap_or(0.0)))
             })
             .collect();
+        let config = self.config.load();
         let min_time = stats.iter().map(|s| s.1).fold(f64::MAX, f64::min).max(1e-6);
         let min_bytes = stats.iter().map(|s| s.2).fold(f64::MAX, f64::min).max(1.0);
         for (tool, time, bytes) in stats {
             let mut w = (time / min_time).max(bytes / min_bytes).round();
-            if self.config.non_idempotent.contains(&tool) {
+            if config.non_idempotent.contains(&tool) {
                 w *= 2.0;
             }
-            let w = (w as u32).clamp(self.config.min_weight, self.config.max_weight);
+            let w = (w as u32).clamp(config.min_weight, config.max_weight);
             if let Some(l) = self.learned.get(&tool) {
                 l.weight.store(w, Ordering::Relaxed);
             }
@@ -209,6 +221,7 @@ mod tests {
             outcome: Outcome::Ok,
             service_time: Duration::from_millis(ms),
             response_bytes: bytes,
+            queue_wait: Duration::ZERO,
         });
     }
 

@@ -50,6 +50,7 @@ pub mod admit;
 pub mod budget;
 pub mod call;
 pub mod classify;
+pub mod control;
 pub mod cost;
 mod duration_ms;
 pub mod entropy;

@@ -23,6 +23,8 @@
 //! | `stormgate_sessions` | gauge | | sessions tracked by the session guard |
 //! | `stormgate_session_top_score` | gauge | | the highest storm score at the last sweep |
 //! | `stormgate_session_rejected_total` | counter | | calls the session guard refused |
+//! | `stormgate_mode` | gauge | `mode` (adaptive, fixed, off) | 1 for the kill switch's current mode, 0 for the others |
+//! | `stormgate_reloads_total` | counter | `result` (ok, invalid) | configuration reloads, by result |
 //! | `stormgate_outcomes_total` | counter | `outcome` | finished calls by outcome (ok, error, timeout, cancelled, client_error) |
 
 /// JSON-RPC messages classified, by `kind`.
@@ -67,3 +69,7 @@ pub const SESSIONS: &str = "stormgate_sessions";
 pub const SESSION_TOP_SCORE: &str = "stormgate_session_top_score";
 /// Calls the session guard refused.
 pub const SESSION_REJECTED: &str = "stormgate_session_rejected_total";
+/// 1 for the kill switch's current `mode`, 0 for the others.
+pub const MODE: &str = "stormgate_mode";
+/// Configuration reloads by `result`.
+pub const RELOADS: &str = "stormgate_reloads_total";

@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::{message, session, tool_call};
 use serde_json::json;
 use stormgate::budget::{BudgetConfig, TenantConfig};
+use stormgate::control::Config;
 use stormgate::cost::{CostConfig, Weight};
 use stormgate::entropy::SessionConfig;
 use tower::ServiceExt;
@@ -19,7 +20,7 @@ use tower::ServiceExt;
 async fn a_sql_scan_burst_drives_the_budget_down_and_it_recovers_by_steps() {
     let mut costs = CostConfig::default();
     costs.tools.insert("sql_scan".into(), Weight::Fixed(50));
-    let config = app::Config {
+    let config = Config {
         // A budget above what the pool can serve (4 connections x 5 scans/s x 50 units =
         // 1000/s), so the burst reaches the backend and the controller has to find out.
         budget: BudgetConfig {
@@ -40,12 +41,12 @@ async fn a_sql_scan_burst_drives_the_budget_down_and_it_recovers_by_steps() {
             enabled: false,
             ..SessionConfig::default()
         },
-        ..app::Config::default()
+        ..Config::default()
     };
     let backend = app::Backend::new();
-    let (router, guards) = app::protected(backend.clone(), &config).unwrap();
-    let budget = guards.budget.clone();
-    let _tasks = guards.spawn();
+    let (router, control) = app::protected(backend.clone(), config).unwrap();
+    let budget = control.budget().clone();
+    let _tasks = control.spawn();
     let sid = session(&router).await;
 
     // Warm up: one scan at a time, healthy (200 ms).

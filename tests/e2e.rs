@@ -16,6 +16,7 @@ use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, ServiceExt};
 use serde_json::{Value, json};
 use stormgate::admit::AdmitLayer;
 use stormgate::classify::ClassifyLayer;
+use stormgate::control::Config;
 use stormgate::{Call, Reason, Rejection, Scope};
 
 async fn serve(router: Router) -> SocketAddr {
@@ -69,9 +70,9 @@ impl RejectNext {
 async fn lists_and_calls_every_tool_through_the_whole_stack() {
     // The example's whole stack, configured by examples/stormgate.toml.
     let backend = app::Backend::new();
-    let config = app::Config::load(app::CONFIG).unwrap();
-    let (router, guards) = app::protected(backend.clone(), &config).unwrap();
-    let _tasks = guards.spawn();
+    let config = Config::load(std::path::Path::new(app::CONFIG)).unwrap();
+    let (router, control) = app::protected(backend.clone(), config).unwrap();
+    let _tasks = control.spawn();
     let addr = serve(router).await;
     let client = client(addr).await;
 
@@ -123,7 +124,7 @@ async fn lists_and_calls_every_tool_through_the_whole_stack() {
     assert_eq!(text(&r), "order 1: 2 x gpu");
     assert_eq!(backend.orders(), 1);
     // The stack saw the calls: the session guard tracks this client's session.
-    assert_eq!(guards.sessions.len(), 1);
+    assert_eq!(control.sessions().len(), 1);
     client.cancel().await.unwrap();
 }
 

@@ -52,6 +52,7 @@ async fn send(
             outcome,
             service_time: latency,
             response_bytes: 100,
+            queue_wait: Duration::ZERO,
         });
     }
     Step {

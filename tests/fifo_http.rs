@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::{message, request, session};
 use serde_json::{Value, json};
 use stormgate::classify::ClassifyLayer;
+use stormgate::control::Config;
 use stormgate::fifo::{FifoLimitLayer, ResourceLimiter, ResourceLimits};
 use tower::ServiceExt;
 
@@ -99,7 +100,7 @@ async fn concurrent_sql_scans_get_the_expected_mix() {
 
 #[test]
 fn the_example_config_holds_the_seed_presets() {
-    let config = app::Config::load(app::CONFIG).unwrap();
+    let config = Config::load(std::path::Path::new(app::CONFIG)).unwrap();
     let limiter = config.fifo.limiter();
     assert_eq!(
         limiter.limits("export.arxiv.org"),
@@ -130,8 +131,13 @@ fn the_example_config_holds_the_seed_presets() {
 
 #[test]
 fn an_invalid_config_names_the_field() {
-    let err = toml::from_str::<app::Config>("[fifo.keys.db]\nmax_concurrent = 0\n").unwrap_err();
-    assert!(err.to_string().contains("max_concurrent"), "{err}");
-    let err = toml::from_str::<app::Config>("[fifo.keys.db]\nmax_queue = 3\n").unwrap_err();
-    assert!(err.to_string().contains("max_queue"), "{err}");
+    let err = Config::from_toml("[fifo.keys.db]\nmax_concurrent = 0\n").unwrap_err();
+    assert!(err.contains("max_concurrent"), "{err}");
+    let err = Config::from_toml("[fifo.keys.db]\nmax_queue = 3\n").unwrap_err();
+    assert!(err.contains("max_queue"), "{err}");
+    let err = Config::from_toml("[fifo.keys.db]\nqueue_timeout_ms = 0\n").unwrap_err();
+    assert_eq!(
+        err,
+        "fifo.keys.db.queue_timeout_ms: must be greater than 0 (absent: wait without limit)"
+    );
 }

@@ -18,12 +18,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, ServerHandler, schemars, tool, tool_handler, tool_router};
 use serde::Deserialize;
-use stormgate::budget::{Budget, BudgetConfig, TenantConfig};
-use stormgate::classify::ClassifyLayer;
-use stormgate::cost::CostConfig;
-use stormgate::entropy::{SessionConfig, SessionGuard};
-use stormgate::fifo::FifoConfig;
-use stormgate::outcome::OutcomeLayer;
+use stormgate::control::{Config, Control};
 use tokio::sync::Semaphore;
 
 /// Connections in the shared database pool.
@@ -193,75 +188,31 @@ pub(crate) fn mcp_router(backend: Arc<Backend>) -> Router {
 /// The example configuration file.
 pub(crate) const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/stormgate.toml");
 
-/// The parts of the configuration file the example reads.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Config {
-    #[serde(default)]
-    pub(crate) fifo: FifoConfig,
-    #[serde(default)]
-    pub(crate) budget: BudgetConfig,
-    #[serde(default)]
-    pub(crate) tenants: TenantConfig,
-    #[serde(default)]
-    pub(crate) costs: CostConfig,
-    #[serde(default)]
-    pub(crate) sessions: SessionConfig,
-}
-
-impl Config {
-    /// Reads and parses a TOML configuration file.
-    pub(crate) fn load(path: &str) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-        toml::from_str(&text).map_err(|e| format!("{path}: {e}"))
-    }
-}
-
-/// The shared state behind the stack, whose background tasks the caller spawns.
-#[derive(Debug, Clone)]
-pub(crate) struct Guards {
-    pub(crate) budget: Budget,
-    pub(crate) sessions: SessionGuard,
-}
-
-impl Guards {
-    /// Starts the budget's ticker and the session sweeper.
-    pub(crate) fn spawn(&self) -> [tokio::task::JoinHandle<()>; 2] {
-        [self.budget.spawn_ticker(), self.sessions.spawn_sweeper()]
-    }
-}
-
-/// `/mcp` wrapped by the whole stormgate stack, outermost first: classify (with tool
-/// weights), the adaptive budget with tenant shares, the session guard, the per-resource FIFO
-/// limiter, and outcome observation feeding the budget and the sessions.
+/// `/mcp` wrapped by the whole stormgate stack built from `config` (outermost first: classify
+/// with tool weights, budget with tenant shares, session guard, FIFO limiter, outcome
+/// observation), and the control handle that flips and reloads it.
 pub(crate) fn protected(
     backend: Arc<Backend>,
-    config: &Config,
-) -> Result<(Router, Guards), String> {
-    let budget = Budget::builder(config.budget.clone())
-        .tenants(config.tenants.clone())
-        .costs(config.costs.clone())
-        .try_build()?;
-    let sessions = SessionGuard::new(config.sessions.clone())?;
-    let router = mcp_router(backend)
-        .layer(OutcomeLayer::new([budget.observer(), sessions.observer()]))
-        .layer(config.fifo.layer())
-        .layer(sessions.layer())
-        .layer(budget.layer())
-        .layer(ClassifyLayer::new().costs(budget.costs()));
-    Ok((router, Guards { budget, sessions }))
+    config: Config,
+) -> Result<(Router, Control), String> {
+    let control = Control::new(config)?;
+    Ok((control.wrap(mcp_router(backend)), control))
 }
 
-/// The whole example application: the protected `/mcp`, and `/metrics`.
+/// The whole example application: the protected `/mcp`, `/metrics`, and the admin routes
+/// under `/admin` when a token is configured.
 pub(crate) fn app(
     backend: Arc<Backend>,
-    config: &Config,
+    config: Config,
     metrics: PrometheusHandle,
-) -> Result<(Router, Guards), String> {
-    let (router, guards) = protected(backend, config)?;
-    let router = router.route(
+) -> Result<(Router, Control), String> {
+    let (router, control) = protected(backend, config)?;
+    let mut router = router.route(
         "/metrics",
         get(move || std::future::ready(metrics.render())),
     );
-    Ok((router, guards))
+    if let Some(admin) = control.admin_router() {
+        router = router.nest("/admin", admin);
+    }
+    Ok((router, control))
 }

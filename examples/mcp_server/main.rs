@@ -9,7 +9,10 @@
 
 mod app;
 
+use std::path::{Path, PathBuf};
+
 use metrics_exporter_prometheus::PrometheusBuilder;
+use stormgate::control::Config;
 
 const DEFAULT_ADDR: &str = "127.0.0.1:3000";
 
@@ -34,16 +37,25 @@ async fn main() -> std::io::Result<()> {
         .map_err(std::io::Error::other)?;
     let config_path =
         flag("--config", "STORMGATE_CONFIG").unwrap_or_else(|| app::CONFIG.to_owned());
-    let config = app::Config::load(&config_path).map_err(std::io::Error::other)?;
-    let (app, guards) =
-        app::app(app::Backend::new(), &config, metrics).map_err(std::io::Error::other)?;
-    let _tasks = guards.spawn();
+    let config = Config::load(Path::new(&config_path)).map_err(std::io::Error::other)?;
+    let (app, control) =
+        app::app(app::Backend::new(), config, metrics).map_err(std::io::Error::other)?;
+    let _tasks = control.spawn();
+    // Live reloads: edit the file, or send SIGHUP; an invalid file is refused and reported.
+    let _watch = control
+        .watch_file(PathBuf::from(&config_path))
+        .map_err(std::io::Error::other)?;
+    let _hup = control.reload_on_sighup(PathBuf::from(&config_path))?;
     let addr = flag("--addr", "STORMGATE_ADDR").unwrap_or_else(|| DEFAULT_ADDR.to_owned());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     println!(
         "stormgate example MCP server on http://{local}/mcp (metrics: http://{local}/metrics)"
     );
+    println!("configuration: {config_path} (watched; SIGHUP reloads it)");
+    if control.admin_router().is_some() {
+        println!("admin routes: http://{local}/admin (bearer token from the configuration)");
+    }
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;

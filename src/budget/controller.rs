@@ -157,7 +157,7 @@ pub struct TickStats {
 }
 
 /// The controller's smoothed view after a tick.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Health {
     /// The budget now, cost units per second.
     pub budget: f64,

@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
@@ -51,6 +52,7 @@ pub use tenant::{DEMAND_HEADROOM, TenantConfig, allocate};
 
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::{Call, Tenant};
+use crate::control::{Mode, Policy, Switch};
 use crate::cost::{CostConfig, Costs};
 use crate::metrics;
 use crate::outcome::{Observation, Observer};
@@ -68,10 +70,11 @@ pub struct Budget {
 
 struct Inner {
     epoch: Instant,
-    config: BudgetConfig,
-    tenants_config: TenantConfig,
-    min_budget: f64,
-    max_weight: u32,
+    switch: Switch,
+    /// The global bucket of fixed mode.
+    fixed_global: Gcra,
+    /// The settings, swapped whole by a reload.
+    settings: ArcSwap<Settings>,
     global: Gcra,
     sampler: Sampler,
     controller: Mutex<Controller>,
@@ -82,9 +85,31 @@ struct Inner {
     costs: Arc<Costs>,
 }
 
+/// Everything a reload may change.
+#[derive(Debug, Clone)]
+struct Settings {
+    config: BudgetConfig,
+    tenants: TenantConfig,
+    min_budget: f64,
+    max_weight: u32,
+}
+
+impl Settings {
+    fn new(config: BudgetConfig, tenants: TenantConfig, costs: &CostConfig) -> Self {
+        Settings {
+            min_budget: tenants.min_budget(config.stable_budget),
+            max_weight: costs.max_possible_weight(),
+            config,
+            tenants,
+        }
+    }
+}
+
 struct TenantState {
     share: Gcra,
     guaranteed: Gcra,
+    /// The tenant's bucket in fixed mode.
+    fixed: Gcra,
     demand: AtomicU64,
     tick: Mutex<TenantTick>,
 }
@@ -98,7 +123,7 @@ struct TenantTick {
 impl std::fmt::Debug for Budget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Budget")
-            .field("config", &self.inner.config)
+            .field("config", &self.inner.settings.load().config)
             .field("current", &self.current())
             .field("tenants", &self.inner.tenants.len())
             .finish()
@@ -111,6 +136,7 @@ pub struct BudgetBuilder {
     config: BudgetConfig,
     tenants: TenantConfig,
     costs: CostConfig,
+    switch: Switch,
 }
 
 impl BudgetBuilder {
@@ -123,6 +149,12 @@ impl BudgetBuilder {
     /// Tool weights (default: every tool weighs 1).
     pub fn costs(mut self, costs: CostConfig) -> Self {
         self.costs = costs;
+        self
+    }
+
+    /// The kill switch to follow (default: always adaptive).
+    pub fn switch(mut self, switch: Switch) -> Self {
+        self.switch = switch;
         self
     }
 
@@ -140,16 +172,17 @@ impl BudgetBuilder {
     }
 
     fn build_unchecked(self) -> Budget {
-        let max_weight = self.costs.max_possible_weight();
-        let burst = self.config.burst(max_weight);
-        let min_budget = self.tenants.min_budget(self.config.stable_budget);
-        let stable = self.config.stable_budget;
-        Budget {
+        let settings = Settings::new(self.config, self.tenants, &self.costs);
+        let burst = settings.config.burst(settings.max_weight);
+        let stable = settings.config.stable_budget;
+        let budget = Budget {
             inner: Arc::new(Inner {
                 epoch: Instant::now(),
+                fixed_global: Gcra::new(interval_for_rate(stable), burst as u64),
+                switch: self.switch,
                 global: Gcra::new(interval_for_rate(stable), burst as u64),
                 sampler: Sampler::new(),
-                controller: Mutex::new(Controller::new(self.config.clone())),
+                controller: Mutex::new(Controller::new(settings.config.clone())),
                 health: Mutex::new(Health {
                     budget: stable,
                     ..Health::default()
@@ -157,12 +190,11 @@ impl BudgetBuilder {
                 tenants: DashMap::new(),
                 newcomer_rate: AtomicU64::new(stable.to_bits()),
                 costs: Arc::new(Costs::new(self.costs)),
-                min_budget,
-                max_weight,
-                config: self.config,
-                tenants_config: self.tenants,
+                settings: ArcSwap::from_pointee(settings),
             }),
-        }
+        };
+        budget.apply_policy();
+        budget
     }
 }
 
@@ -178,6 +210,7 @@ impl Budget {
             config,
             tenants: TenantConfig::default(),
             costs: CostConfig::default(),
+            switch: Switch::default(),
         }
     }
 
@@ -202,6 +235,11 @@ impl Budget {
     /// The tool weight table (give it to [`ClassifyLayer::costs`](crate::classify::ClassifyLayer::costs)).
     pub fn costs(&self) -> Arc<Costs> {
         self.inner.costs.clone()
+    }
+
+    /// Tenants tracked now.
+    pub fn tenant_count(&self) -> usize {
+        self.inner.tenants.len()
     }
 
     /// A tenant's current share of the budget, cost units per second.
@@ -229,14 +267,16 @@ impl Budget {
         if let Some(t) = self.inner.tenants.get(tenant) {
             return t.clone();
         }
-        let tenant = if self.inner.tenants.len() >= self.inner.tenants_config.max_tenants {
+        let st = self.inner.settings.load();
+        let tenant = if self.inner.tenants.len() >= st.tenants.max_tenants {
             Tenant::new(OVERFLOW_TENANT)
         } else {
             tenant.clone()
         };
         let rate = f64::from_bits(self.inner.newcomer_rate.load(Ordering::Relaxed));
-        let min = self.inner.min_budget;
-        let w = self.inner.max_weight;
+        let fixed_tenant = self.inner.switch.load().fixed.tenant_rate;
+        let min = st.min_budget;
+        let w = st.max_weight;
         self.inner
             .tenants
             .entry(tenant)
@@ -244,15 +284,76 @@ impl Budget {
                 Arc::new(TenantState {
                     share: Gcra::new(interval_for_rate(rate.max(min)), burst_for(rate, w)),
                     guaranteed: Gcra::new(interval_for_rate(min), (min as u64).max(u64::from(w))),
+                    fixed: {
+                        let rate = fixed_tenant.unwrap_or(rate);
+                        Gcra::new(interval_for_rate(rate), burst_for(rate, w))
+                    },
                     demand: AtomicU64::new(0),
                     tick: Mutex::new(TenantTick {
-                        demand: Ewma::new(self.inner.config.alpha),
+                        demand: Ewma::new(st.config.alpha),
                         idle: 0,
                         allocation: rate,
                     }),
                 })
             })
             .clone()
+    }
+
+    /// Takes new settings, keeping what was learned: the controller's averages and budget
+    /// (clamped to the new range), the buckets' debts, the tenants and their demand. Tool
+    /// weights are the classifier's [`Costs`] table, reconfigured on its own. A new
+    /// `sample_interval` applies when the ticker is next started.
+    pub fn reconfigure(
+        &self,
+        config: BudgetConfig,
+        tenants: TenantConfig,
+        costs: &CostConfig,
+    ) -> Result<(), String> {
+        config.validate()?;
+        tenants.validate()?;
+        costs.validate()?;
+        let inner = &*self.inner;
+        let settings = Settings::new(config.clone(), tenants, costs);
+        let burst = settings.config.burst(settings.max_weight);
+        inner
+            .controller
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .reconfigure(config);
+        inner.global.set_burst(burst as u64);
+        inner.fixed_global.set_burst(burst as u64);
+        inner.settings.store(Arc::new(settings));
+        inner.costs.reconfigure(costs.clone());
+        self.apply_policy();
+        Ok(())
+    }
+
+    /// Applies the current policy at once: re-rates the fixed-mode buckets, and pins the global
+    /// bucket at the stable budget while `adaptive_budget` is off. The control handle calls it
+    /// on every flip; the tick calls it too.
+    pub fn apply_policy(&self) {
+        let inner = &*self.inner;
+        let policy = inner.switch.load();
+        let st = inner.settings.load();
+        let now = self.now();
+        let w = st.max_weight;
+        if let Some(rate) = policy.fixed.global_rate {
+            inner
+                .fixed_global
+                .set_interval(now, interval_for_rate(rate));
+            inner.fixed_global.set_burst(burst_for(rate, w));
+        }
+        if let Some(rate) = policy.fixed.tenant_rate {
+            for t in inner.tenants.iter() {
+                t.fixed.set_interval(now, interval_for_rate(rate));
+                t.fixed.set_burst(burst_for(rate, w));
+            }
+        }
+        if !policy.features.adaptive_budget {
+            inner
+                .global
+                .set_interval(now, interval_for_rate(st.config.stable_budget));
+        }
     }
 
     /// Ends the current tick: smooths it, moves the budget, re-rates the buckets, refreshes
@@ -269,11 +370,17 @@ impl Budget {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .tick(stats);
-        inner
-            .global
-            .set_interval(now, interval_for_rate(health.budget));
+        // The controller keeps learning in every mode; its budget rules only while adaptive.
+        let policy = inner.switch.load();
+        let st = inner.settings.load();
+        let rate = if policy.features.adaptive_budget {
+            health.budget
+        } else {
+            st.config.stable_budget
+        };
+        inner.global.set_interval(now, interval_for_rate(rate));
         inner.costs.refresh();
-        if inner.tenants_config.enabled {
+        if st.tenants.enabled {
             self.split(now, health.budget);
         }
         *inner.health.lock().unwrap_or_else(PoisonError::into_inner) = health;
@@ -287,8 +394,9 @@ impl Budget {
 
     fn split(&self, now: u64, budget: f64) {
         let inner = &*self.inner;
-        let secs = inner.config.sample_interval.as_secs_f64();
-        let idle_ticks = inner.tenants_config.idle_ticks;
+        let st = inner.settings.load();
+        let secs = st.config.sample_interval.as_secs_f64();
+        let idle_ticks = st.tenants.idle_ticks;
         let mut active = Vec::with_capacity(inner.tenants.len());
         inner.tenants.retain(|name, t| {
             let demand = t.demand.swap(0, Ordering::Relaxed) as f64 / secs;
@@ -299,7 +407,7 @@ impl Budget {
                 return false; // idle and not in use: forget it
             }
             if tick.idle <= idle_ticks {
-                let weight = inner.tenants_config.weight(name.as_str());
+                let weight = st.tenants.weight(name.as_str());
                 active.push((t.clone(), weight, tick.demand.value().unwrap_or(0.0)));
             }
             true
@@ -307,9 +415,9 @@ impl Budget {
         let wants: Vec<(f64, f64)> = active.iter().map(|(_, w, d)| (*w, *d)).collect();
         let shares = allocate(budget, &wants);
         for ((t, _, _), share) in active.iter().zip(shares) {
-            let rate = share.max(inner.min_budget);
+            let rate = share.max(st.min_budget);
             t.share.set_interval(now, interval_for_rate(rate));
-            t.share.set_burst(burst_for(rate, inner.max_weight));
+            t.share.set_burst(burst_for(rate, st.max_weight));
             t.tick
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -325,7 +433,7 @@ impl Budget {
     /// returned task is aborted).
     pub fn spawn_ticker(&self) -> tokio::task::JoinHandle<()> {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        let every = self.inner.config.sample_interval;
+        let every = self.inner.settings.load().config.sample_interval;
         tokio::spawn(async move {
             let mut interval = tokio::time::interval_at(Instant::now() + every, every);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -345,12 +453,23 @@ impl Budget {
     }
 }
 
+/// Which buckets an admitted call was charged to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Charge {
+    /// Nothing (mode off).
+    Free,
+    /// The adaptive global bucket and the tenant's share, or its guaranteed minimum.
+    Adaptive { guaranteed: bool },
+    /// The fixed-mode buckets that are configured.
+    Fixed { global: bool, tenant: bool },
+}
+
 /// What an admitted call was charged, to give back if a later stage refuses it.
 #[derive(Debug)]
 pub struct BudgetPermit {
     tenant: Option<Arc<TenantState>>,
     cost: u64,
-    guaranteed: bool,
+    charge: Charge,
 }
 
 impl std::fmt::Debug for TenantState {
@@ -359,23 +478,63 @@ impl std::fmt::Debug for TenantState {
     }
 }
 
-impl Admission for Budget {
-    type Permit = BudgetPermit;
-
-    fn admit(&self, call: &Call) -> Result<BudgetPermit, Rejection> {
+impl Budget {
+    fn admit_fixed(
+        &self,
+        call: &Call,
+        cost: u64,
+        now: u64,
+        policy: &Policy,
+    ) -> Result<BudgetPermit, Rejection> {
         let inner = &*self.inner;
-        let now = self.now();
-        let cost = u64::from(call.cost.max(1));
-        if !inner.tenants_config.enabled {
+        let refuse = |scope, wait| Self::reject(Reason::FixedLimitExceeded, scope, wait);
+        let global = policy.fixed.global_rate.is_some();
+        if global {
+            inner
+                .fixed_global
+                .try_take(now, cost)
+                .map_err(|w| refuse(Scope::Global, w))?;
+        }
+        let (tenant, charged) = match policy.fixed.tenant_rate {
+            Some(_) => {
+                let t = self.tenant(&call.tenant);
+                if let Err(w) = t.fixed.try_take(now, cost) {
+                    if global {
+                        inner.fixed_global.refund(now, cost);
+                    }
+                    return Err(refuse(Scope::Tenant, w));
+                }
+                (Some(t), true)
+            }
+            None => (None, false),
+        };
+        Ok(BudgetPermit {
+            tenant,
+            cost,
+            charge: Charge::Fixed {
+                global,
+                tenant: charged,
+            },
+        })
+    }
+
+    fn admit_adaptive(
+        &self,
+        call: &Call,
+        cost: u64,
+        now: u64,
+        policy: &Policy,
+    ) -> Result<BudgetPermit, Rejection> {
+        let inner = &*self.inner;
+        if !(inner.settings.load().tenants.enabled && policy.features.tenant_budgets) {
             inner
                 .global
                 .try_take(now, cost)
                 .map_err(|w| Self::reject(Reason::GlobalBudgetExceeded, Scope::Global, w))?;
-            inner.sampler.admitted(cost);
             return Ok(BudgetPermit {
                 tenant: None,
                 cost,
-                guaranteed: false,
+                charge: Charge::Adaptive { guaranteed: false },
             });
         }
         let tenant = self.tenant(&call.tenant);
@@ -403,25 +562,61 @@ impl Admission for Budget {
                 }
             }
         };
-        inner.sampler.admitted(cost);
         Ok(BudgetPermit {
             tenant: Some(tenant),
             cost,
-            guaranteed,
+            charge: Charge::Adaptive { guaranteed },
         })
+    }
+}
+
+impl Admission for Budget {
+    type Permit = BudgetPermit;
+
+    fn admit(&self, call: &Call) -> Result<BudgetPermit, Rejection> {
+        let now = self.now();
+        let cost = u64::from(call.cost.max(1));
+        let policy = self.inner.switch.load();
+        let permit = match policy.mode {
+            Mode::Off => BudgetPermit {
+                tenant: None,
+                cost,
+                charge: Charge::Free,
+            },
+            Mode::Fixed => self.admit_fixed(call, cost, now, &policy)?,
+            Mode::Adaptive => self.admit_adaptive(call, cost, now, &policy)?,
+        };
+        // Measured in every mode.
+        self.inner.sampler.admitted(cost);
+        Ok(permit)
     }
 
     fn refund(&self, permit: BudgetPermit) {
         let now = self.now();
-        self.inner.global.refund(now, permit.cost);
-        if let Some(t) = &permit.tenant {
-            if permit.guaranteed {
-                t.guaranteed.refund(now, permit.cost);
-            } else {
-                t.share.refund(now, permit.cost);
+        let inner = &*self.inner;
+        let cost = permit.cost;
+        match permit.charge {
+            Charge::Free => {}
+            Charge::Adaptive { guaranteed } => {
+                inner.global.refund(now, cost);
+                if let Some(t) = &permit.tenant {
+                    if guaranteed {
+                        t.guaranteed.refund(now, cost);
+                    } else {
+                        t.share.refund(now, cost);
+                    }
+                }
+            }
+            Charge::Fixed { global, tenant } => {
+                if global {
+                    inner.fixed_global.refund(now, cost);
+                }
+                if let (true, Some(t)) = (tenant, &permit.tenant) {
+                    t.fixed.refund(now, cost);
+                }
             }
         }
-        self.inner.sampler.refunded(permit.cost);
+        inner.sampler.refunded(cost);
     }
 }
 

@@ -1,11 +1,13 @@
 use std::fmt;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use tower::Layer;
 
 use super::Classify;
 use crate::call::{DefaultIdentity, Identify};
 use crate::cost::Costs;
+use crate::outcome::Observer;
 use crate::rejection::RejectionFormat;
 
 /// Default bound on a buffered request body: 4 MiB, the same as rmcp's.
@@ -18,50 +20,70 @@ pub(crate) struct Shared {
     pub(crate) identity: Arc<dyn Identify>,
     pub(crate) format: Arc<RejectionFormat>,
     pub(crate) costs: Option<Arc<Costs>>,
+    pub(crate) observers: Arc<[Arc<dyn Observer>]>,
 }
 
 /// Builds [`Classify`] services. See the [module docs](crate::classify).
 #[derive(Clone)]
 pub struct ClassifyLayer {
-    shared: Arc<Shared>,
+    shared: Arc<ArcSwap<Shared>>,
 }
 
 impl ClassifyLayer {
     /// A 4 MiB body limit, [`DefaultIdentity`], the default [`RejectionFormat`].
     pub fn new() -> Self {
         ClassifyLayer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(ArcSwap::from_pointee(Shared {
                 body_limit: DEFAULT_BODY_LIMIT,
                 identity: Arc::new(DefaultIdentity::new()),
                 format: Arc::new(RejectionFormat::default()),
                 costs: None,
-            }),
+                observers: Arc::new([]),
+            })),
         }
     }
 
-    /// The largest body read, in bytes; a larger one is answered 413.
-    pub fn body_limit(mut self, bytes: usize) -> Self {
-        Arc::make_mut(&mut self.shared).body_limit = bytes;
+    fn update(self, f: impl FnOnce(&mut Shared)) -> Self {
+        let mut shared = Shared::clone(&self.shared.load());
+        f(&mut shared);
+        self.shared.store(Arc::new(shared));
         self
     }
 
+    /// Changes the body limit and the rejection format of running services (a reload).
+    pub fn reconfigure(&self, body_limit: usize, format: RejectionFormat) {
+        let mut shared = Shared::clone(&self.shared.load());
+        shared.body_limit = body_limit;
+        shared.format = Arc::new(format);
+        self.shared.store(Arc::new(shared));
+    }
+
+    /// The largest body read, in bytes; a larger one is answered 413.
+    pub fn body_limit(self, bytes: usize) -> Self {
+        self.update(|s| s.body_limit = bytes)
+    }
+
     /// How tenants and sessions are found.
-    pub fn identity(mut self, identity: impl Identify) -> Self {
-        Arc::make_mut(&mut self.shared).identity = Arc::new(identity);
-        self
+    pub fn identity(self, identity: impl Identify) -> Self {
+        self.update(|s| s.identity = Arc::new(identity))
     }
 
     /// Weighs each `tools/call` with this table ([`Call::cost`](crate::Call)); without one,
     /// every call costs 1.
-    pub fn costs(mut self, costs: Arc<Costs>) -> Self {
-        Arc::make_mut(&mut self.shared).costs = Some(costs);
-        self
+    pub fn costs(self, costs: Arc<Costs>) -> Self {
+        self.update(|s| s.costs = Some(costs))
+    }
+
+    /// Tells these observers of every refusal by any stage below
+    /// ([`Observer::refused`](crate::outcome::Observer::refused)).
+    pub fn observers(self, observers: impl IntoIterator<Item = Arc<dyn Observer>>) -> Self {
+        let observers: Arc<[Arc<dyn Observer>]> = observers.into_iter().collect();
+        self.update(|s| s.observers = observers)
     }
 
     /// How every layer below writes its rejections.
-    pub fn format(mut self, format: RejectionFormat) -> Self {
-        Arc::make_mut(&mut self.shared).format = Arc::new(format);
-        self
+    pub fn format(self, format: RejectionFormat) -> Self {
+        self.update(|s| s.format = Arc::new(format))
     }
 }
 
@@ -73,9 +95,10 @@ impl Default for ClassifyLayer {
 
 impl fmt::Debug for ClassifyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shared = self.shared.load();
         f.debug_struct("ClassifyLayer")
-            .field("body_limit", &self.shared.body_limit)
-            .field("format", &self.shared.format)
+            .field("body_limit", &shared.body_limit)
+            .field("format", &shared.format)
             .finish_non_exhaustive()
     }
 }

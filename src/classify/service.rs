@@ -2,6 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use arc_swap::ArcSwap;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
@@ -20,11 +21,11 @@ use crate::mcp::{self, ProtocolVersion};
 #[derive(Clone)]
 pub struct Classify<S> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: Arc<ArcSwap<Shared>>,
 }
 
 impl<S> Classify<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(inner: S, shared: Arc<ArcSwap<Shared>>) -> Self {
         Classify { inner, shared }
     }
 }
@@ -60,7 +61,8 @@ where
         if req.method() != Method::POST {
             return ResponseFuture::call(inner.call(req.map(Body::new)));
         }
-        let limit = self.shared.body_limit;
+        let shared = self.shared.load_full();
+        let limit = shared.body_limit;
         let declared = req
             .headers()
             .get(http::header::CONTENT_LENGTH)
@@ -70,12 +72,7 @@ where
             return ResponseFuture::done(too_large(limit));
         }
         let (parts, body) = req.into_parts();
-        ResponseFuture::collect(
-            Limited::new(body, limit).collect(),
-            parts,
-            inner,
-            self.shared.clone(),
-        )
+        ResponseFuture::collect(Limited::new(body, limit).collect(), parts, inner, shared)
     }
 }
 
@@ -178,5 +175,6 @@ pub(crate) fn classify(
         batch: parsed.batch,
         body: body.clone(),
         format: shared.format.clone(),
+        observers: shared.observers.clone(),
     })
 }

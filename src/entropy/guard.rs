@@ -5,6 +5,7 @@ use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -15,6 +16,7 @@ use super::window::SessionWindow;
 use crate::admit::{Admission, AdmitLayer};
 use crate::budget::Ewma;
 use crate::call::{Call, SessionId};
+use crate::control::{Mode, Switch};
 use crate::metrics;
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::rejection::{Reason, Rejection, Scope};
@@ -193,8 +195,9 @@ pub struct SessionGuard {
 }
 
 struct Inner {
-    config: SessionConfig,
-    tolerances: Tolerances,
+    switch: Switch,
+    /// The settings, swapped whole by a reload.
+    config: ArcSwap<SessionConfig>,
     epoch: Instant,
     /// Keyed by a 64-bit hash of the session id: no string is hashed twice or compared on
     /// the hot path (two ids colliding share a state; at a million sessions the odds are about
@@ -209,7 +212,7 @@ impl std::fmt::Debug for SessionGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionGuard")
             .field("sessions", &self.inner.sessions.len())
-            .field("config", &self.inner.config)
+            .field("config", &self.inner.config.load())
             .finish()
     }
 }
@@ -268,28 +271,37 @@ fn hash_value(v: &Value, h: &mut DefaultHasher) {
 }
 
 impl SessionGuard {
-    /// A guard with these settings.
+    /// A guard with these settings, always adaptive.
     pub fn new(config: SessionConfig) -> Result<Self, String> {
+        Self::with_switch(config, Switch::default())
+    }
+
+    /// A guard with these settings that follows the kill switch `switch`.
+    pub fn with_switch(config: SessionConfig, switch: Switch) -> Result<Self, String> {
         config.validate()?;
-        let tolerances = Tolerances {
-            error_rate: config.error_tolerance,
-            latency_ratio: config.latency_tolerance,
-        };
         let guard = SessionGuard {
             inner: Arc::new(Inner {
                 overflow: Arc::new(Mutex::new(Self::session(
                     SessionId::new(OVERFLOW_SESSION),
                     &config,
                 ))),
-                tolerances,
+                switch,
                 epoch: Instant::now(),
                 sessions: DashMap::default(),
                 tool_latency: DashMap::new(),
                 top: Mutex::new(Vec::new()),
-                config,
+                config: ArcSwap::from_pointee(config),
             }),
         };
         Ok(guard)
+    }
+
+    /// Takes new settings, keeping every session's window, health and budget. A new window
+    /// size or bucket count applies to sessions first seen after the reload.
+    pub fn reconfigure(&self, config: SessionConfig) -> Result<(), String> {
+        config.validate()?;
+        self.inner.config.store(Arc::new(config));
+        Ok(())
     }
 
     fn session(id: SessionId, config: &SessionConfig) -> Session {
@@ -341,7 +353,8 @@ impl SessionGuard {
         call.method.hash(&mut h);
         call.target().hash(&mut h);
         if let (Some(tool), Some(args)) = (call.tool.as_deref(), call.arguments()) {
-            let pointers = self.inner.config.resource_keys.get(tool);
+            let config = self.inner.config.load();
+            let pointers = config.resource_keys.get(tool);
             if let Ok(value) = serde_json::from_str::<Value>(args) {
                 match pointers {
                     Some(ps) => {
@@ -364,13 +377,14 @@ impl SessionGuard {
         if let Some(s) = self.inner.sessions.get(&key) {
             return s.clone();
         }
-        if self.inner.sessions.len() >= self.inner.config.max_sessions {
+        let config = self.inner.config.load();
+        if self.inner.sessions.len() >= config.max_sessions {
             return self.inner.overflow.clone();
         }
         self.inner
             .sessions
             .entry(key)
-            .or_insert_with(|| Arc::new(Mutex::new(Self::session(id.clone(), &self.inner.config))))
+            .or_insert_with(|| Arc::new(Mutex::new(Self::session(id.clone(), &config))))
             .clone()
     }
 
@@ -383,7 +397,7 @@ impl SessionGuard {
 
     fn summarize(&self, s: &Session) -> SessionSummary {
         SessionSummary {
-            call_rate: s.window.total() as f64 / self.inner.config.window_size.as_secs_f64(),
+            call_rate: s.window.total() as f64 / self.inner.config.load().window_size.as_secs_f64(),
             session: s.id.to_string(),
             score: s.score,
             entropy: s.window.entropy(),
@@ -398,9 +412,10 @@ impl SessionGuard {
     /// it; tests may call it directly. Returns the sessions forgotten.
     pub fn sweep(&self) -> usize {
         let now = self.now();
-        let ttl = u64::try_from(self.inner.config.idle_ttl.as_nanos()).unwrap_or(u64::MAX);
+        let config = self.inner.config.load();
+        let ttl = u64::try_from(config.idle_ttl.as_nanos()).unwrap_or(u64::MAX);
         let before = self.inner.sessions.len();
-        let n = self.inner.config.top_n;
+        let n = config.top_n;
         let mut top: Vec<SessionSummary> = Vec::with_capacity(n + 1);
         self.inner.sessions.retain(|_, s| {
             let s = lock(s);
@@ -438,7 +453,7 @@ impl SessionGuard {
     /// Sweeps every window length until the last handle drops.
     pub fn spawn_sweeper(&self) -> tokio::task::JoinHandle<()> {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        let every = self.inner.config.window_size;
+        let every = self.inner.config.load().window_size;
         tokio::spawn(async move {
             let mut interval = tokio::time::interval_at(Instant::now() + every, every);
             loop {
@@ -463,11 +478,11 @@ impl Admission for SessionGuard {
     type Permit = SessionPermit;
 
     fn admit(&self, call: &Call) -> Result<SessionPermit, Rejection> {
-        if !self.inner.config.enabled || call.target().is_none() {
+        let config = self.inner.config.load();
+        if !config.enabled || call.target().is_none() {
             // Off, or protocol chatter (initialize, tools/list, ping): not the work guarded.
             return Ok(SessionPermit(None));
         }
-        let config = &self.inner.config;
         let now = self.now();
         let key = self.resource_key(call);
         let cost = f64::from(call.cost.max(1));
@@ -485,24 +500,40 @@ impl Admission for SessionGuard {
             error_rate: s.errors.value().unwrap_or(0.0),
             latency_ratio: s.latency.value().unwrap_or(1.0),
         };
-        let t = &self.inner.tolerances;
+        let t = &Tolerances {
+            error_rate: config.error_tolerance,
+            latency_ratio: config.latency_tolerance,
+        };
         let healthy = distress(&signals, t) == 0.0;
         if healthy {
             s.entropy_baseline.update(signals.entropy);
         }
         s.score = storm_score(&signals, t);
-        let target = budget_factor(s.score, config.entropy_coefficient, config.min_factor);
+        let policy = self.inner.switch.load();
+        let target = if policy.features.entropy_penalty {
+            budget_factor(s.score, config.entropy_coefficient, config.min_factor)
+        } else {
+            1.0
+        };
         // Cut at once; regained by steps only once the session is healthy again, so a storm
         // whose errors dip for a moment keeps its penalty.
         s.factor = if target <= s.factor || first {
             target
-        } else if healthy {
+        } else if healthy || !policy.features.entropy_penalty {
             (s.factor + config.recover_step * dt).min(target)
         } else {
             s.factor
         };
-        let rate = config.base_budget * s.factor;
-        let cap = (config.burst * s.factor).max(cost);
+        let (rate, reason) = match policy.mode {
+            // Measured above; nothing refused.
+            Mode::Off => return Ok(SessionPermit(None)),
+            Mode::Fixed => match policy.fixed.session_rate {
+                Some(rate) => (rate, Reason::FixedLimitExceeded),
+                None => return Ok(SessionPermit(None)),
+            },
+            Mode::Adaptive => (config.base_budget * s.factor, Reason::SessionBudgetExceeded),
+        };
+        let cap = (config.burst * rate / config.base_budget).max(cost);
         s.tokens = (s.tokens + rate * dt).min(cap);
         // Consumption: admitted cost per second, decaying over one window.
         let tau = config.window_size.as_secs_f64();
@@ -517,7 +548,7 @@ impl Admission for SessionGuard {
             let wait = (cost - s.tokens) / rate;
             ::metrics::counter!(metrics::SESSION_REJECTED).increment(1);
             Err(Rejection::new(
-                Reason::SessionBudgetExceeded,
+                reason,
                 Scope::AgentSession,
                 Duration::from_secs_f64(wait.max(0.001)),
             ))
@@ -528,16 +559,15 @@ impl Admission for SessionGuard {
         if let Some((entry, cost)) = permit.0 {
             let mut s = lock(&entry);
             s.tokens += cost;
-            s.consumed -= cost / self.inner.config.window_size.as_secs_f64();
+            s.consumed -= cost / self.inner.config.load().window_size.as_secs_f64();
         }
     }
 }
 
 impl Observer for SessionGuard {
     fn observe(&self, o: &Observation<'_>) {
-        if !self.inner.config.enabled
-            || matches!(o.outcome, Outcome::Cancelled | Outcome::ClientError)
-        {
+        let config = self.inner.config.load();
+        if !config.enabled || matches!(o.outcome, Outcome::Cancelled | Outcome::ClientError) {
             return;
         }
         let Some(tool) = o.call.target() else {
@@ -545,7 +575,7 @@ impl Observer for SessionGuard {
         };
         let secs = o.service_time.as_secs_f64().max(1e-6);
         let ratio = self.tool_baseline(tool).map_or(1.0, |b| secs / b.max(1e-6));
-        if !o.outcome.is_failure() && ratio <= self.inner.config.latency_tolerance {
+        if !o.outcome.is_failure() && ratio <= config.latency_tolerance {
             self.inner
                 .tool_latency
                 .entry(tool.to_owned())

@@ -44,6 +44,22 @@ impl Default for FifoConfig {
 }
 
 impl FifoConfig {
+    /// Checks every rule; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_keys == 0 {
+            return Err("fifo.max_keys: must be at least 1".into());
+        }
+        self.default
+            .validate()
+            .map_err(|e| format!("fifo.default.{e}"))?;
+        for (key, limits) in &self.keys {
+            limits
+                .validate()
+                .map_err(|e| format!("fifo.keys.{key}.{e}"))?;
+        }
+        Ok(())
+    }
+
     /// A limiter with these limits.
     pub fn limiter(&self) -> ResourceLimiter {
         self.keys
@@ -54,6 +70,21 @@ impl FifoConfig {
             .default_limits(self.default)
             .max_keys(self.max_keys)
             .build()
+    }
+
+    /// Applies these settings to a running layer: its limiter's limits and its tool map.
+    pub fn apply(&self, layer: &FifoLimitLayer) {
+        layer.limiter().reconfigure(
+            self.keys.iter().map(|(k, l)| (k.clone(), *l)).collect(),
+            self.default,
+            self.max_keys,
+        );
+        layer.set_tool_keys(
+            self.tools
+                .iter()
+                .map(|(t, k)| (t.clone(), k.clone()))
+                .collect(),
+        );
     }
 
     /// The inbound layer, with a new limiter and the tool-to-key map.

@@ -2,21 +2,16 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use tower::Layer;
 
 use super::{FifoLimit, ResourceLimiter};
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) limiter: ResourceLimiter,
-    pub(crate) tool_keys: HashMap<String, String>,
-}
-
-impl Shared {
-    /// The resource key of a tool: configured, else the tool's name.
-    pub(crate) fn key_of<'a>(&'a self, tool: &'a str) -> &'a str {
-        self.tool_keys.get(tool).map_or(tool, String::as_str)
-    }
+    /// Resource key per tool; a reload swaps it.
+    pub(crate) tool_keys: ArcSwap<HashMap<String, String>>,
 }
 
 /// Builds [`FifoLimit`] services: the FIFO limiter for inbound MCP `tools/call`s.
@@ -36,17 +31,22 @@ impl FifoLimitLayer {
         FifoLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
-                tool_keys: HashMap::new(),
+                tool_keys: ArcSwap::from_pointee(HashMap::new()),
             }),
         }
     }
 
     /// Calls of `tool` use the resource key `key`.
-    pub fn tool_key(mut self, tool: impl Into<String>, key: impl Into<String>) -> Self {
-        Arc::make_mut(&mut self.shared)
-            .tool_keys
-            .insert(tool.into(), key.into());
+    pub fn tool_key(self, tool: impl Into<String>, key: impl Into<String>) -> Self {
+        let mut keys = HashMap::clone(&self.shared.tool_keys.load());
+        keys.insert(tool.into(), key.into());
+        self.shared.tool_keys.store(Arc::new(keys));
         self
+    }
+
+    /// Replaces the tool-to-key map (a reload).
+    pub fn set_tool_keys(&self, keys: HashMap<String, String>) {
+        self.shared.tool_keys.store(Arc::new(keys));
     }
 
     /// The limiter, to report upstream 429s or read queue depths.
@@ -59,7 +59,7 @@ impl fmt::Debug for FifoLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FifoLimitLayer")
             .field("limiter", &self.shared.limiter)
-            .field("tool_keys", &self.shared.tool_keys)
+            .field("tool_keys", &self.shared.tool_keys.load())
             .finish()
     }
 }

@@ -4,10 +4,12 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use tokio::time::{Instant, Sleep};
 
@@ -45,19 +47,27 @@ pub struct ResourceLimiter {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    keys: DashMap<Arc<str>, Arc<Key>>,
+/// What a reload may change.
+#[derive(Debug, Clone)]
+struct Settings {
     configured: HashMap<String, ResourceLimits>,
     default_limits: ResourceLimits,
     max_keys: usize,
+}
+
+struct Inner {
+    keys: DashMap<Arc<str>, Arc<Key>>,
+    settings: ArcSwap<Settings>,
+    /// Set while the kill switch is off or per-resource limits are switched off: every caller
+    /// goes through at once (still counted in flight).
+    bypass: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for ResourceLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResourceLimiter")
             .field("keys", &self.inner.keys.len())
-            .field("configured", &self.inner.configured)
-            .field("default_limits", &self.inner.default_limits)
+            .field("settings", &self.inner.settings.load())
             .finish()
     }
 }
@@ -94,9 +104,12 @@ impl ResourceLimiterBuilder {
         ResourceLimiter {
             inner: Arc::new(Inner {
                 keys: DashMap::new(),
-                configured: self.configured,
-                default_limits: self.default_limits,
-                max_keys: self.max_keys.unwrap_or(DEFAULT_MAX_KEYS),
+                bypass: Arc::new(AtomicBool::new(false)),
+                settings: ArcSwap::from_pointee(Settings {
+                    configured: self.configured,
+                    default_limits: self.default_limits,
+                    max_keys: self.max_keys.unwrap_or(DEFAULT_MAX_KEYS),
+                }),
             }),
         }
     }
@@ -110,19 +123,42 @@ impl ResourceLimiter {
 
     /// The limits `key` runs under.
     pub fn limits(&self, key: &str) -> ResourceLimits {
-        self.inner
+        let settings = self.inner.settings.load();
+        settings
             .configured
             .get(key)
             .copied()
-            .unwrap_or(self.inner.default_limits)
+            .unwrap_or(settings.default_limits)
+    }
+
+    /// Takes new limits: keys already in use switch to theirs at once (waiters are
+    /// reconsidered; their place in the queue, the key's pacing history and cooldown stay).
+    pub fn reconfigure(
+        &self,
+        configured: HashMap<String, ResourceLimits>,
+        default_limits: ResourceLimits,
+        max_keys: usize,
+    ) {
+        self.inner.settings.store(Arc::new(Settings {
+            configured,
+            default_limits,
+            max_keys,
+        }));
+        let now = Instant::now();
+        for key in self.inner.keys.iter() {
+            key.limits.store(Arc::new(self.limits(&key.name)));
+            let mut state = key.lock();
+            key.pump(&mut state, now);
+        }
     }
 
     fn key(&self, name: &str) -> Arc<Key> {
         if let Some(key) = self.inner.keys.get(name) {
             return key.clone();
         }
-        let name = if self.inner.keys.len() >= self.inner.max_keys
-            && !self.inner.configured.contains_key(name)
+        let settings = self.inner.settings.load();
+        let name = if self.inner.keys.len() >= settings.max_keys
+            && !settings.configured.contains_key(name)
         {
             OVERFLOW_KEY
         } else {
@@ -132,7 +168,7 @@ impl ResourceLimiter {
         self.inner
             .keys
             .entry(Arc::from(name))
-            .or_insert_with(|| Arc::new(Key::new(name, limits)))
+            .or_insert_with(|| Arc::new(Key::new(name, limits, self.inner.bypass.clone())))
             .clone()
     }
 
@@ -146,7 +182,7 @@ impl ResourceLimiter {
         let key = self.key(key);
         // The account only matters (and is only copied) where accounts are limited.
         let account = account
-            .filter(|_| key.limits.max_concurrent_per_account.is_some())
+            .filter(|_| key.limits().max_concurrent_per_account.is_some())
             .map(Arc::from);
         Acquire {
             key,
@@ -162,7 +198,7 @@ impl ResourceLimiter {
         let key = self.key(key);
         let cooldown = retry_after
             .unwrap_or(DEFAULT_COOLDOWN)
-            .max(key.limits.pacing());
+            .max(key.limits().pacing());
         let now = Instant::now();
         let mut state = key.lock();
         let until = now + cooldown;
@@ -170,6 +206,19 @@ impl ResourceLimiter {
             state.cooldown_until = Some(until);
         }
         key.pump(&mut state, now);
+    }
+
+    /// Lets every caller through at once (`true`: waiting callers are released now) or applies
+    /// the limits again (`false`). The kill switch sets it.
+    pub fn set_bypass(&self, bypass: bool) {
+        if self.inner.bypass.swap(bypass, Ordering::SeqCst) == bypass {
+            return;
+        }
+        let now = Instant::now();
+        for key in self.inner.keys.iter() {
+            let mut state = key.lock();
+            key.pump(&mut state, now);
+        }
     }
 
     /// Waiters queued on `key` now.
@@ -191,7 +240,9 @@ impl ResourceLimiter {
 /// One key's state. Everything mutable is behind one short mutex.
 struct Key {
     name: Arc<str>,
-    limits: ResourceLimits,
+    /// The key's limits; a reload swaps them.
+    limits: ArcSwap<ResourceLimits>,
+    bypass: Arc<AtomicBool>,
     state: Mutex<KeyState>,
     metrics: KeyMetrics,
 }
@@ -247,10 +298,11 @@ struct Waiter {
 }
 
 impl Key {
-    fn new(name: &str, limits: ResourceLimits) -> Self {
+    fn new(name: &str, limits: ResourceLimits, bypass: Arc<AtomicBool>) -> Self {
         Key {
             name: Arc::from(name),
-            limits,
+            limits: ArcSwap::from_pointee(limits),
+            bypass,
             state: Mutex::new(KeyState::default()),
             metrics: KeyMetrics::new(name),
         }
@@ -261,30 +313,46 @@ impl Key {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn limits(&self) -> ResourceLimits {
+        **self.limits.load()
+    }
+
+    fn bypassed(&self) -> bool {
+        self.bypass.load(Ordering::Relaxed)
+    }
+
     fn account_has_room(&self, state: &KeyState, account: Option<&Arc<str>>) -> bool {
-        match (self.limits.max_concurrent_per_account, account) {
+        if self.bypassed() {
+            return true;
+        }
+        match (self.limits().max_concurrent_per_account, account) {
             (Some(max), Some(a)) => state.accounts.get(a).copied().unwrap_or(0) < max.get(),
             _ => true,
         }
     }
 
     fn has_capacity(&self, state: &KeyState) -> bool {
-        self.limits
-            .max_concurrent
-            .is_none_or(|max| state.in_flight < max.get())
+        self.bypassed()
+            || self
+                .limits()
+                .max_concurrent
+                .is_none_or(|max| state.in_flight < max.get())
     }
 
     /// The earliest instant pacing, the window and the cooldown allow an admission.
     fn ready_at(&self, state: &mut KeyState, now: Instant) -> Instant {
+        if self.bypassed() {
+            return now;
+        }
         let mut at = now;
-        let pacing = self.limits.pacing();
+        let pacing = self.limits().pacing();
         if let Some(last) = state.last_admit.filter(|_| !pacing.is_zero()) {
             at = at.max(last + pacing);
         }
         if let Some(until) = state.cooldown_until {
             at = at.max(until);
         }
-        if let Some(window) = self.limits.window {
+        if let Some(window) = self.limits().window {
             // An admission at t counts while now < t + length: the window is (now - length, now].
             while state
                 .window
@@ -306,11 +374,11 @@ impl Key {
         if state.in_flight == 1 {
             state.oldest_lease = Some(now);
         }
-        if let (Some(_), Some(a)) = (self.limits.max_concurrent_per_account, account) {
+        if let (Some(_), Some(a)) = (self.limits().max_concurrent_per_account, account) {
             *state.accounts.entry(a.clone()).or_insert(0) += 1;
         }
         state.last_admit = Some(now);
-        if self.limits.window.is_some() {
+        if self.limits().window.is_some() {
             state.window.push_back(now);
         }
         self.metrics.admitted.increment(1);
@@ -371,11 +439,11 @@ impl Key {
     /// How long a newcomer at queue position `position` (1 = next) can expect to wait: the
     /// admissions ahead of it times the key's service interval, and at least the cooldown.
     fn estimate_wait(&self, state: &mut KeyState, position: usize, now: Instant) -> Duration {
-        let mut interval = self.limits.pacing();
-        if let Some(window) = self.limits.window {
+        let mut interval = self.limits().pacing();
+        if let Some(window) = self.limits().window {
             interval = interval.max(window.length / window.max.get());
         }
-        if let Some(max) = self.limits.max_concurrent {
+        if let Some(max) = self.limits().max_concurrent {
             // Calls hold their place about `hold` each (the measured average); `max` run side
             // by side. Before any call finished, the running calls' age is a lower bound,
             // and 1 s the prior while nothing at all was seen.
@@ -445,8 +513,8 @@ impl Acquire {
             key.metrics.wait.record(0.0);
             return Ok(Some(self.lease(now, Duration::ZERO)));
         }
-        let limits = key.limits;
-        if let Some(until) = state.cooldown_until.filter(|&u| u > now) {
+        let limits = key.limits();
+        if let Some(until) = state.cooldown_until.filter(|&u| u > now && !key.bypassed()) {
             let cannot_wait = limits.max_queue_depth == Some(0)
                 || limits.queue_timeout.is_some_and(|t| now + t < until);
             if cannot_wait {
@@ -456,9 +524,10 @@ impl Acquire {
                 });
             }
         }
-        if limits
-            .max_queue_depth
-            .is_some_and(|depth| state.queue.len() >= depth)
+        if !key.bypassed()
+            && limits
+                .max_queue_depth
+                .is_some_and(|depth| state.queue.len() >= depth)
         {
             let position = state.queue.len() + 1;
             let retry_after = key.estimate_wait(&mut state, position, now);

@@ -77,6 +77,19 @@ impl ResourceLimits {
         }
     }
 
+    /// Checks the rules serde cannot (the error starts with the field's name).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.queue_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(
+                "queue_timeout_ms: must be greater than 0 (absent: wait without limit)".into(),
+            );
+        }
+        if self.window.is_some_and(|w| w.length.is_zero()) {
+            return Err("window.length_ms: must be greater than 0".into());
+        }
+        Ok(())
+    }
+
     /// Whether every dimension is off.
     pub fn is_unlimited(&self) -> bool {
         self.pacing().is_zero()

@@ -90,7 +90,9 @@ where
                 .unwrap_or(Duration::ZERO);
             match verdict::apply(req, &rejected) {
                 verdict::Verdict::Answer(response) => Ok(response),
-                verdict::Verdict::Forward { request, merge } => {
+                verdict::Verdict::Forward { mut request, merge } => {
+                    // Stages inside (the outcome layer) see the wait too.
+                    request.extensions_mut().insert(QueueWait(queue_wait));
                     let response = inner.ready().await?.call(request).await?;
                     let mut response = response.map(|b| Body::new(LeaseBody::new(b, leases)));
                     response.extensions_mut().insert(QueueWait(queue_wait));
@@ -112,13 +114,15 @@ impl<S> FifoLimit<S> {
         let Some(calls) = calls else {
             return Vec::new();
         };
+        let tool_keys = self.shared.tool_keys.load();
         let mut wanted: Vec<(&str, usize, Option<&str>)> = calls
             .iter()
             .enumerate()
             .filter(|(_, c)| c.is_chargeable())
             .filter_map(|(i, c)| {
                 let tool = c.tool.as_deref()?;
-                Some((self.shared.key_of(tool), i, Some(c.tenant.as_str())))
+                let key = tool_keys.get(tool).map_or(tool, String::as_str);
+                Some((key, i, Some(c.tenant.as_str())))
             })
             .collect();
         wanted.sort_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));

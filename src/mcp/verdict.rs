@@ -73,6 +73,11 @@ pub(crate) fn apply(mut request: Request<Body>, rejected: &[(usize, Rejection)])
             merge: None,
         };
     };
+    for (i, r) in rejected {
+        for o in calls.observers.iter() {
+            o.refused(&calls.calls[*i], r);
+        }
+    }
     let refused = rejected.iter().map(|(i, _)| calls.calls[*i].seq).collect();
     if rejected.len() == calls.len() {
         let mut response = reply::rejection_response(calls, rejected);
@@ -127,5 +132,6 @@ fn without(calls: &Calls, rejected: &[(usize, Rejection)]) -> Calls {
         batch: true,
         body,
         format: calls.format.clone(),
+        observers: calls.observers.clone(),
     }
 }

@@ -22,14 +22,20 @@ pub(crate) type Observers = Arc<[Arc<dyn Observer>]>;
 pub(crate) struct Pending {
     calls: Vec<Call>,
     start: Instant,
+    queue_wait: std::time::Duration,
     observers: Observers,
 }
 
 impl Pending {
-    pub(crate) fn new(calls: Vec<Call>, observers: Observers) -> Self {
+    pub(crate) fn new(
+        calls: Vec<Call>,
+        queue_wait: std::time::Duration,
+        observers: Observers,
+    ) -> Self {
         Pending {
             calls,
             start: Instant::now(),
+            queue_wait,
             observers,
         }
     }
@@ -41,6 +47,7 @@ impl Pending {
             outcome,
             service_time: self.start.elapsed(),
             response_bytes: bytes,
+            queue_wait: self.queue_wait,
         };
         for o in self.observers.iter() {
             o.observe(&observation);

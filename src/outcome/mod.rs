@@ -73,13 +73,22 @@ pub struct Observation<'a> {
     pub service_time: Duration,
     /// Bytes of the answer that carried it (the whole body for JSON, the event for SSE).
     pub response_bytes: u64,
+    /// How long it waited in a FIFO queue before it ran (zero when it did not wait).
+    pub queue_wait: Duration,
 }
 
-/// Receives every [`Observation`]. Must be cheap and must not block: it runs on the response
-/// path.
+/// Receives every [`Observation`], and every refusal. Must be cheap and must not block: it
+/// runs on the request and response paths.
 pub trait Observer: Send + Sync + 'static {
     /// One call finished.
     fn observe(&self, observation: &Observation<'_>);
+
+    /// A stage refused `call` (it never ran). Reported when the observer is also given to
+    /// [`ClassifyLayer::observers`](crate::classify::ClassifyLayer::observers). Does nothing by
+    /// default.
+    fn refused(&self, call: &Call, rejection: &crate::Rejection) {
+        let _ = (call, rejection);
+    }
 }
 
 /// JSON-RPC error code of a request timeout in the MCP SDKs.

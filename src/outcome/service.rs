@@ -56,7 +56,12 @@ where
             .get::<Calls>()
             .map(|c| c.iter().filter(|c| c.is_chargeable()).cloned().collect())
             .unwrap_or_default();
-        let pending = (!calls.is_empty()).then(|| Pending::new(calls, self.observers.clone()));
+        let queue_wait = req
+            .extensions()
+            .get::<crate::fifo::QueueWait>()
+            .map_or(std::time::Duration::ZERO, |w| w.0);
+        let pending =
+            (!calls.is_empty()).then(|| Pending::new(calls, queue_wait, self.observers.clone()));
         ResponseFuture {
             future: self.inner.call(req),
             pending,

@@ -1,0 +1,133 @@
+//! One configuration for the whole stack, validated as a whole.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Features, FixedLimits, Mode, Policy};
+use crate::budget::{BudgetConfig, TenantConfig};
+use crate::classify::DEFAULT_BODY_LIMIT;
+use crate::cost::CostConfig;
+use crate::entropy::SessionConfig;
+use crate::fifo::FifoConfig;
+use crate::rejection::RejectionFormat;
+
+/// Every parameter of every stage (TOML file, or built in code). Each section has its
+/// documented defaults; absent optional limits mean that dimension is off.
+///
+/// ```
+/// use stormgate::control::{Config, Mode};
+///
+/// let config = Config::from_toml(r#"
+///     mode = "fixed"
+///     [fixed]
+///     global_rate = 500.0
+///     [budget]
+///     stable_budget = 2000.0
+/// "#).unwrap();
+/// assert_eq!(config.mode, Mode::Fixed);
+/// let err = Config::from_toml("[budget]\nalpha = 2.0\n").unwrap_err();
+/// assert_eq!(err, "budget.alpha: must be in (0, 1]");
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The kill switch: `adaptive` (default), `fixed` or `off`.
+    pub mode: Mode,
+    /// One switch per feature.
+    pub features: Features,
+    /// The limits of fixed mode.
+    pub fixed: FixedLimits,
+    /// The largest request body read, bytes (default 4 MiB).
+    pub body_limit: usize,
+    /// How rejections are written.
+    pub rejection: RejectionFormat,
+    /// The per-resource FIFO limiter.
+    pub fifo: FifoConfig,
+    /// The adaptive global budget.
+    pub budget: BudgetConfig,
+    /// Per-tenant shares.
+    pub tenants: TenantConfig,
+    /// Tool weights.
+    pub costs: CostConfig,
+    /// The session guard.
+    pub sessions: SessionConfig,
+    /// The admin routes.
+    pub admin: AdminConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mode: Mode::default(),
+            features: Features::default(),
+            fixed: FixedLimits::default(),
+            body_limit: DEFAULT_BODY_LIMIT,
+            rejection: RejectionFormat::default(),
+            fifo: FifoConfig::default(),
+            budget: BudgetConfig::default(),
+            tenants: TenantConfig::default(),
+            costs: CostConfig::default(),
+            sessions: SessionConfig::default(),
+            admin: AdminConfig::default(),
+        }
+    }
+}
+
+/// The admin routes' settings. Without a token the routes are not served at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// The bearer token, literally (never written back by `GET /config`).
+    #[serde(skip_serializing)]
+    pub token: Option<String>,
+    /// The name of an environment variable holding the bearer token (used when `token` is
+    /// absent).
+    pub token_env: Option<String>,
+}
+
+impl AdminConfig {
+    /// The token in effect, if any.
+    pub fn token(&self) -> Option<String> {
+        self.token
+            .clone()
+            .or_else(|| self.token_env.as_ref().and_then(|v| std::env::var(v).ok()))
+            .filter(|t| !t.is_empty())
+    }
+}
+
+impl Config {
+    /// Parses and validates a TOML text. The error names the field and the rule.
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        let config: Config = toml::from_str(text).map_err(|e| e.to_string().trim().to_owned())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a TOML file.
+    pub fn load(path: &std::path::Path) -> Result<Config, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Self::from_toml(&text)
+    }
+
+    /// Checks every rule of every section; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.body_limit == 0 {
+            return Err("body_limit: must be greater than 0".into());
+        }
+        self.fixed.validate()?;
+        self.fifo.validate()?;
+        self.budget.validate()?;
+        self.tenants.validate()?;
+        self.costs.validate()?;
+        self.sessions.validate()?;
+        Ok(())
+    }
+
+    /// The policy snapshot this configuration sets.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            mode: self.mode,
+            features: self.features,
+            fixed: self.fixed,
+        }
+    }
+}

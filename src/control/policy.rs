@@ -1,0 +1,124 @@
+//! The running policy: the kill switch's mode, the feature switches and the fixed limits, as one
+//! immutable snapshot swapped atomically.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
+
+/// The kill switch (seed 003 section 5.4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Everything: adaptive budget, tenant shares, entropy penalty, per-resource limits.
+    #[default]
+    Adaptive,
+    /// The adaptive budget and the entropy penalty replaced by fixed limits ([`FixedLimits`]);
+    /// the FIFO limiter unchanged. The controller keeps learning, so a flip back to `adaptive`
+    /// resumes from what it learned.
+    Fixed,
+    /// Pass-through: nothing is refused, waiting callers are released; measuring continues.
+    Off,
+}
+
+impl Mode {
+    /// The snake_case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Mode::Adaptive => "adaptive",
+            Mode::Fixed => "fixed",
+            Mode::Off => "off",
+        }
+    }
+}
+
+/// One switch per feature, each on by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Features {
+    /// The EWMA controller moves the global budget (off: pinned at `stable_budget`).
+    pub adaptive_budget: bool,
+    /// Per-tenant shares (off: the global bucket only).
+    pub tenant_budgets: bool,
+    /// The storm score cuts session budgets (off: sessions keep their base budget).
+    pub entropy_penalty: bool,
+    /// The per-resource FIFO limiter (off: no call waits or is refused there).
+    pub resource_limits: bool,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Features {
+            adaptive_budget: true,
+            tenant_budgets: true,
+            entropy_penalty: true,
+            resource_limits: true,
+        }
+    }
+}
+
+/// The limits of `fixed` mode, in cost units per second. Each is optional, and an absent one
+/// limits nothing in fixed mode (seed 000: absent means off).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FixedLimits {
+    /// One rate for everyone.
+    pub global_rate: Option<f64>,
+    /// A rate per tenant.
+    pub tenant_rate: Option<f64>,
+    /// A rate per agent session.
+    pub session_rate: Option<f64>,
+}
+
+impl FixedLimits {
+    /// Checks every rule; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("global_rate", self.global_rate),
+            ("tenant_rate", self.tenant_rate),
+            ("session_rate", self.session_rate),
+        ] {
+            if v.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                return Err(format!("fixed.{name}: must be greater than 0"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The snapshot every stage reads once per request.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Policy {
+    /// The kill switch.
+    pub mode: Mode,
+    /// The feature switches.
+    pub features: Features,
+    /// The limits of fixed mode.
+    pub fixed: FixedLimits,
+}
+
+/// The shared, atomically swapped [`Policy`]: a flip is seen by the next request, and a
+/// request in flight keeps the snapshot it started with.
+#[derive(Debug, Clone, Default)]
+pub struct Switch(Arc<ArcSwap<Policy>>);
+
+impl Switch {
+    /// A switch set to `policy`.
+    pub fn new(policy: Policy) -> Self {
+        Switch(Arc::new(ArcSwap::from_pointee(policy)))
+    }
+
+    /// The policy now.
+    pub fn load(&self) -> Arc<Policy> {
+        self.0.load_full()
+    }
+
+    /// The mode now.
+    pub fn mode(&self) -> Mode {
+        self.0.load().mode
+    }
+
+    pub(crate) fn store(&self, policy: Policy) {
+        self.0.store(Arc::new(policy));
+    }
+}
