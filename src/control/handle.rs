@@ -116,6 +116,11 @@ impl Control {
         *self.inner.switch.load()
     }
 
+    /// The policy snapshot now, as the stages read it.
+    pub fn snapshot(&self) -> Arc<Policy> {
+        self.inner.switch.load()
+    }
+
     /// The configuration now (with the mode last set).
     pub fn config(&self) -> Arc<Config> {
         self.inner.config.load_full()
