@@ -1,13 +1,26 @@
-//! Metric names, in one place. Emitted through the [`metrics`] facade, so any recorder works
-//! (the example server installs `metrics-exporter-prometheus`).
+//! Metric names, in one place. Emitted through the [`metrics`] facade, so any recorder works;
+//! [`prometheus_builder`] sets up `metrics-exporter-prometheus` the way the dashboards expect.
+//!
+//! Label cardinality is bounded by construction: tenant and tool labels are capped (past
+//! [`set_label_caps`]'s counts, new values are reported as `other`), and session ids appear only
+//! in the top-N session gauges, which stop being updated when a session leaves the top N and
+//! are then dropped by the exporter's idle timeout.
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `stormgate_calls_total` | counter | `kind` (request, notification, response, invalid) | JSON-RPC messages classified |
+//! | `stormgate_messages_total` | counter | `kind` (request, notification, response, invalid) | JSON-RPC messages classified |
+//! | `stormgate_calls_total` | counter | `tenant`, `tool`, `result` (ok, error, timeout, cancelled, client_error, rejected) | calls that ran, by how they ended, and calls refused |
+//! | `stormgate_service_time_seconds` | histogram | `tool` | service time of calls that ran (queue wait excluded) |
+//! | `stormgate_tenant_consumption` | gauge | `tenant` | admitted cost units per second, per budget tick |
+//! | `stormgate_tenant_allocation` | gauge | `tenant` | the tenant's share of the budget, cost units per second |
+//! | `stormgate_session_entropy_bits` | gauge | `session` (top N only) | entropy of the session's window |
+//! | `stormgate_session_storm_score` | gauge | `session` (top N only) | the session's storm score |
+//! | `stormgate_session_consumption` | gauge | `session` (top N only) | the session's admitted cost units per second |
+//! | `stormgate_session_rejections` | gauge | `session` (top N only) | calls refused to the session so far |
 //! | `stormgate_unclassified_total` | counter | `reason` (not_json, not_json_rpc) | POST bodies forwarded untouched because they are not JSON-RPC |
 //! | `stormgate_header_mismatch_total` | counter | | `Mcp-Method`/`Mcp-Name` headers that disagreed with the body |
 //! | `stormgate_body_rejected_total` | counter | `status` (413, 400) | bodies refused before parsing |
-//! | `stormgate_rejected_total` | counter | `reason`, `scope` | calls refused, by the rejection contract's vocabulary |
+//! | `stormgate_rejected_total` | counter | `reason`, `scope`, `tenant`, `tool` | calls refused, by the rejection contract's vocabulary |
 //! | `stormgate_fifo_admitted_total` | counter | `key` | calls admitted by a FIFO key (at once or after waiting) |
 //! | `stormgate_fifo_queued_total` | counter | `key` | calls that had to wait in a FIFO queue |
 //! | `stormgate_fifo_rejected_total` | counter | `key`, `reason` | calls a FIFO key refused (queue_full, queue_timeout, upstream_rate_limited) |
@@ -28,7 +41,23 @@
 //! | `stormgate_outcomes_total` | counter | `outcome` | finished calls by outcome (ok, error, timeout, cancelled, client_error) |
 
 /// JSON-RPC messages classified, by `kind`.
+pub const MESSAGES: &str = "stormgate_messages_total";
+/// Calls by `tenant`, `tool` and `result`.
 pub const CALLS: &str = "stormgate_calls_total";
+/// Service time of calls that ran, by `tool`.
+pub const SERVICE_TIME: &str = "stormgate_service_time_seconds";
+/// Admitted cost per second, by `tenant`.
+pub const TENANT_CONSUMPTION: &str = "stormgate_tenant_consumption";
+/// The tenant's share of the budget, by `tenant`.
+pub const TENANT_ALLOCATION: &str = "stormgate_tenant_allocation";
+/// Entropy of a top-N session's window, by `session`.
+pub const SESSION_ENTROPY: &str = "stormgate_session_entropy_bits";
+/// Storm score of a top-N session, by `session`.
+pub const SESSION_SCORE: &str = "stormgate_session_storm_score";
+/// Admitted cost per second of a top-N session, by `session`.
+pub const SESSION_CONSUMPTION: &str = "stormgate_session_consumption";
+/// Calls refused to a top-N session so far, by `session`.
+pub const SESSION_REJECTIONS: &str = "stormgate_session_rejections";
 /// POST bodies that were not JSON-RPC, by `reason`.
 pub const UNCLASSIFIED: &str = "stormgate_unclassified_total";
 /// `Mcp-Method` / `Mcp-Name` headers that disagreed with the body.
@@ -73,3 +102,138 @@ pub const SESSION_REJECTED: &str = "stormgate_session_rejected_total";
 pub const MODE: &str = "stormgate_mode";
 /// Configuration reloads by `result`.
 pub const RELOADS: &str = "stormgate_reloads_total";
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dashmap::DashSet;
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+use crate::call::Call;
+use crate::outcome::{Observation, Observer};
+use crate::rejection::Rejection;
+
+/// Default number of distinct tenant (and tool) label values before `other`.
+pub const DEFAULT_LABEL_CAP: usize = 100;
+/// The label value every value past the cap is reported as.
+pub const OTHER: &str = "other";
+
+struct Cap {
+    max: AtomicUsize,
+    seen: DashSet<String>,
+}
+
+impl Cap {
+    fn new() -> Self {
+        Cap {
+            max: AtomicUsize::new(DEFAULT_LABEL_CAP),
+            seen: DashSet::new(),
+        }
+    }
+
+    fn label(&self, value: &str) -> String {
+        if self.seen.contains(value) {
+            return value.to_owned();
+        }
+        if self.seen.len() < self.max.load(Ordering::Relaxed) {
+            self.seen.insert(value.to_owned());
+            return value.to_owned();
+        }
+        OTHER.to_owned()
+    }
+}
+
+fn caps() -> &'static (Cap, Cap) {
+    static CAPS: OnceLock<(Cap, Cap)> = OnceLock::new();
+    CAPS.get_or_init(|| (Cap::new(), Cap::new()))
+}
+
+/// Caps the distinct values of the `tenant` and `tool` labels (default 100 each); past a cap,
+/// new values are reported as `other`. Process-wide, like the metrics recorder.
+pub fn set_label_caps(tenants: usize, tools: usize) {
+    caps().0.max.store(tenants, Ordering::Relaxed);
+    caps().1.max.store(tools, Ordering::Relaxed);
+}
+
+/// The `tenant` label for a tenant name (capped).
+pub fn tenant_label(tenant: &str) -> String {
+    caps().0.label(tenant)
+}
+
+/// The `tool` label for a call's target (capped; `none` for calls without one).
+pub fn tool_label(tool: Option<&str>) -> String {
+    caps().1.label(tool.unwrap_or("none"))
+}
+
+/// Histogram buckets for durations in seconds: 1 ms to 30 s.
+pub const SECONDS_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// How long a gauge may go without an update before the exporter drops it: top-N session
+/// gauges of a session that left the top N disappear after this.
+pub const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A `metrics-exporter-prometheus` builder set up for stormgate's dashboards: real histograms
+/// (with [`SECONDS_BUCKETS`]) for every `*_seconds` metric, and gauges dropped after
+/// [`GAUGE_IDLE_TIMEOUT`] without an update.
+///
+/// ```
+/// let handle = stormgate::metrics::prometheus_builder().build_recorder().handle();
+/// assert!(handle.render().is_empty());
+/// ```
+pub fn prometheus_builder() -> PrometheusBuilder {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+            &SECONDS_BUCKETS,
+        )
+        .expect("buckets are not empty")
+        .idle_timeout(
+            metrics_util::MetricKindMask::GAUGE,
+            Some(GAUGE_IDLE_TIMEOUT),
+        )
+}
+
+/// The observer that counts calls by tenant, tool and result, times them per tool, and counts
+/// refusals by reason, scope, tenant and tool. Give it to both the
+/// [`OutcomeLayer`](crate::outcome::OutcomeLayer) and the
+/// [`ClassifyLayer`](crate::classify::ClassifyLayer::observers) (the
+/// [`Control`](crate::control::Control) does).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallMetrics;
+
+impl Observer for CallMetrics {
+    fn observe(&self, o: &Observation<'_>) {
+        let tool = tool_label(o.call.target());
+        ::metrics::counter!(
+            CALLS,
+            "tenant" => tenant_label(o.call.tenant.as_str()),
+            "tool" => tool.clone(),
+            "result" => o.outcome.as_str(),
+        )
+        .increment(1);
+        ::metrics::histogram!(SERVICE_TIME, "tool" => tool).record(o.service_time.as_secs_f64());
+    }
+
+    fn refused(&self, call: &Call, r: &Rejection) {
+        let tenant = tenant_label(call.tenant.as_str());
+        let tool = tool_label(call.target());
+        ::metrics::counter!(
+            CALLS,
+            "tenant" => tenant.clone(),
+            "tool" => tool.clone(),
+            "result" => "rejected",
+        )
+        .increment(1);
+        ::metrics::counter!(
+            REJECTED,
+            "reason" => r.reason().as_str(),
+            "scope" => r.scope().as_str(),
+            "tenant" => tenant,
+            "tool" => tool,
+        )
+        .increment(1);
+    }
+}

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::Request;
-use metrics_exporter_prometheus::PrometheusBuilder;
 use stormgate::admit::AdmitLayer;
 use stormgate::classify::ClassifyLayer;
 use stormgate::fifo::{ResourceLimiter, ResourceLimits};
+use stormgate::metrics::CallMetrics;
 use stormgate::{Call, Reason, Rejection, Scope};
 use tower::{Layer, ServiceExt};
 
@@ -19,7 +19,9 @@ fn line<'a>(scrape: &'a str, prefix: &str) -> Option<&'a str> {
 
 #[tokio::test(start_paused = true)]
 async fn every_stage_is_counted() {
-    let handle = PrometheusBuilder::new().install_recorder().unwrap();
+    let handle = stormgate::metrics::prometheus_builder()
+        .install_recorder()
+        .unwrap();
 
     // FIFO: 1 admitted at once, 1 queued then admitted, 1 refused (queue full), 1 timed out.
     let limiter = ResourceLimiter::builder()
@@ -56,7 +58,11 @@ async fn every_stage_is_counted() {
     let inner = tower::service_fn(|_req: Request<Body>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
     });
-    let svc = ClassifyLayer::new().layer(refuse.layer(inner));
+    let svc = ClassifyLayer::new()
+        .observers([
+            std::sync::Arc::new(CallMetrics) as std::sync::Arc<dyn stormgate::outcome::Observer>
+        ])
+        .layer(refuse.layer(inner));
     for body in [
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}"#,
         r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
@@ -80,11 +86,20 @@ async fn every_stage_is_counted() {
         ),
         (r#"stormgate_fifo_queue_depth{key="db"}"#, "0"),
         (r#"stormgate_fifo_queue_wait_seconds_count{key="db"}"#, "3"),
-        (r#"stormgate_calls_total{kind="request"}"#, "1"),
-        (r#"stormgate_calls_total{kind="notification"}"#, "1"),
+        // Real histograms: all three waits were instant in paused time.
+        (
+            r#"stormgate_fifo_queue_wait_seconds_bucket{key="db",le="0.001"}"#,
+            "3",
+        ),
+        (r#"stormgate_messages_total{kind="request"}"#, "1"),
+        (r#"stormgate_messages_total{kind="notification"}"#, "1"),
         (r#"stormgate_unclassified_total{reason="not_json"}"#, "1"),
         (
-            r#"stormgate_rejected_total{reason="global_budget_exceeded",scope="global"}"#,
+            r#"stormgate_rejected_total{reason="global_budget_exceeded",scope="global",tenant="anonymous",tool="x"}"#,
+            "1",
+        ),
+        (
+            r#"stormgate_calls_total{tenant="anonymous",tool="x",result="rejected"}"#,
             "1",
         ),
     ] {

@@ -11,7 +11,6 @@ mod app;
 
 use std::path::{Path, PathBuf};
 
-use metrics_exporter_prometheus::PrometheusBuilder;
 use stormgate::control::Config;
 
 const DEFAULT_ADDR: &str = "127.0.0.1:3000";
@@ -32,7 +31,7 @@ fn flag(name: &str, env: &str) -> Option<String> {
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let metrics = PrometheusBuilder::new()
+    let metrics = stormgate::metrics::prometheus_builder()
         .install_recorder()
         .map_err(std::io::Error::other)?;
     let config_path =

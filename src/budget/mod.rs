@@ -106,6 +106,8 @@ impl Settings {
 }
 
 struct TenantState {
+    /// Cost admitted this tick.
+    admitted: AtomicU64,
     share: Gcra,
     guaranteed: Gcra,
     /// The tenant's bucket in fixed mode.
@@ -282,6 +284,7 @@ impl Budget {
             .entry(tenant)
             .or_insert_with(|| {
                 Arc::new(TenantState {
+                    admitted: AtomicU64::new(0),
                     share: Gcra::new(interval_for_rate(rate.max(min)), burst_for(rate, w)),
                     guaranteed: Gcra::new(interval_for_rate(min), (min as u64).max(u64::from(w))),
                     fixed: {
@@ -384,6 +387,7 @@ impl Budget {
             self.split(now, health.budget);
         }
         *inner.health.lock().unwrap_or_else(PoisonError::into_inner) = health;
+        policy.mode.emit(); // re-sent every tick: the exporter drops gauges left idle
         ::metrics::gauge!(metrics::BUDGET).set(health.budget);
         ::metrics::gauge!(metrics::BUDGET_RATE).set(health.rate);
         ::metrics::gauge!(metrics::BUDGET_ERROR_RATE).set(health.error_rate);
@@ -408,14 +412,23 @@ impl Budget {
             }
             if tick.idle <= idle_ticks {
                 let weight = st.tenants.weight(name.as_str());
-                active.push((t.clone(), weight, tick.demand.value().unwrap_or(0.0)));
+                active.push((
+                    name.clone(),
+                    t.clone(),
+                    weight,
+                    tick.demand.value().unwrap_or(0.0),
+                ));
             }
             true
         });
-        let wants: Vec<(f64, f64)> = active.iter().map(|(_, w, d)| (*w, *d)).collect();
+        let wants: Vec<(f64, f64)> = active.iter().map(|(_, _, w, d)| (*w, *d)).collect();
         let shares = allocate(budget, &wants);
-        for ((t, _, _), share) in active.iter().zip(shares) {
+        for ((name, t, _, _), share) in active.iter().zip(shares) {
             let rate = share.max(st.min_budget);
+            let label = metrics::tenant_label(name.as_str());
+            let consumed = t.admitted.swap(0, Ordering::Relaxed) as f64 / secs;
+            ::metrics::gauge!(metrics::TENANT_CONSUMPTION, "tenant" => label.clone()).set(consumed);
+            ::metrics::gauge!(metrics::TENANT_ALLOCATION, "tenant" => label).set(rate);
             t.share.set_interval(now, interval_for_rate(rate));
             t.share.set_burst(burst_for(rate, st.max_weight));
             t.tick
@@ -588,6 +601,9 @@ impl Admission for Budget {
         };
         // Measured in every mode.
         self.inner.sampler.admitted(cost);
+        if let Some(t) = &permit.tenant {
+            t.admitted.fetch_add(cost, Ordering::Relaxed);
+        }
         Ok(permit)
     }
 

@@ -50,11 +50,13 @@ impl ClassifyLayer {
         self
     }
 
-    /// Changes the body limit and the rejection format of running services (a reload).
-    pub fn reconfigure(&self, body_limit: usize, format: RejectionFormat) {
+    /// Changes the body limit, the rejection format and the identity of running services
+    /// (a reload).
+    pub fn reconfigure(&self, body_limit: usize, format: RejectionFormat, identity: impl Identify) {
         let mut shared = Shared::clone(&self.shared.load());
         shared.body_limit = body_limit;
         shared.format = Arc::new(format);
+        shared.identity = Arc::new(identity);
         self.shared.store(Arc::new(shared));
     }
 

@@ -94,7 +94,7 @@ pub(super) fn classified(mut parts: Parts, body: Bytes, shared: &Shared) -> Requ
     match classify(&parts, &body, shared) {
         Ok(calls) => {
             for call in calls.iter() {
-                ::metrics::counter!(crate::metrics::CALLS, "kind" => call.kind.as_str())
+                ::metrics::counter!(crate::metrics::MESSAGES, "kind" => call.kind.as_str())
                     .increment(1);
                 if call.header_mismatch {
                     ::metrics::counter!(crate::metrics::HEADER_MISMATCH).increment(1);

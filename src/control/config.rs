@@ -50,8 +50,58 @@ pub struct Config {
     pub costs: CostConfig,
     /// The session guard.
     pub sessions: SessionConfig,
+    /// How tenants and sessions are found.
+    pub identity: IdentityConfig,
+    /// Metric label bounds.
+    pub metrics: MetricsConfig,
     /// The admin routes.
     pub admin: AdminConfig,
+}
+
+/// How tenants and sessions are found (see [`DefaultIdentity`](crate::call::DefaultIdentity)).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IdentityConfig {
+    /// Read the tenant from this header when no `Tenant` extension is set. Absent: not read
+    /// (a client-chosen header is not trusted by default).
+    pub tenant_header: Option<String>,
+    /// Read the session from this `params._meta` key when there is no `Mcp-Session-Id`.
+    pub session_meta_key: Option<String>,
+}
+
+impl IdentityConfig {
+    /// The identity these settings describe.
+    pub fn identity(&self) -> Result<crate::call::DefaultIdentity, String> {
+        let mut id = crate::call::DefaultIdentity::new();
+        if let Some(h) = &self.tenant_header {
+            let name = http::HeaderName::from_bytes(h.as_bytes())
+                .map_err(|_| format!("identity.tenant_header: {h:?} is not a header name"))?;
+            id = id.tenant_header(name);
+        }
+        if let Some(k) = &self.session_meta_key {
+            id = id.session_meta_key(k.clone());
+        }
+        Ok(id)
+    }
+}
+
+/// Bounds on metric labels.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Distinct `tenant` label values before `other`. Default 100.
+    pub max_tenant_labels: usize,
+    /// Distinct `tool` label values before `other`. Default 100.
+    pub max_tool_labels: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            max_tenant_labels: crate::metrics::DEFAULT_LABEL_CAP,
+            max_tool_labels: crate::metrics::DEFAULT_LABEL_CAP,
+        }
+    }
 }
 
 impl Default for Config {
@@ -67,6 +117,8 @@ impl Default for Config {
             tenants: TenantConfig::default(),
             costs: CostConfig::default(),
             sessions: SessionConfig::default(),
+            identity: IdentityConfig::default(),
+            metrics: MetricsConfig::default(),
             admin: AdminConfig::default(),
         }
     }
@@ -119,6 +171,7 @@ impl Config {
         self.tenants.validate()?;
         self.costs.validate()?;
         self.sessions.validate()?;
+        self.identity.identity()?;
         Ok(())
     }
 

@@ -11,7 +11,7 @@ use crate::budget::Budget;
 use crate::classify::ClassifyLayer;
 use crate::entropy::SessionGuard;
 use crate::fifo::FifoLimitLayer;
-use crate::metrics;
+use crate::metrics::{self, CallMetrics};
 use crate::outcome::{Observer, OutcomeLayer};
 
 /// The whole stack and its control handle: a cheap clone, every clone controls the same stack.
@@ -65,11 +65,19 @@ impl Control {
         let sessions = SessionGuard::with_switch(config.sessions.clone(), switch.clone())?;
         let fifo = config.fifo.layer();
         let audit = Arc::new(Audit::default());
+        metrics::set_label_caps(
+            config.metrics.max_tenant_labels,
+            config.metrics.max_tool_labels,
+        );
         let classify = ClassifyLayer::new()
+            .identity(config.identity.identity()?)
             .body_limit(config.body_limit)
             .format(config.rejection.clone())
             .costs(budget.costs())
-            .observers([audit.clone() as Arc<dyn Observer>]);
+            .observers([
+                audit.clone() as Arc<dyn Observer>,
+                Arc::new(CallMetrics) as Arc<dyn Observer>,
+            ]);
         let control = Control {
             inner: Arc::new(Inner {
                 config: ArcSwap::from_pointee(config),
@@ -95,6 +103,7 @@ impl Control {
                 inner.budget.observer(),
                 inner.sessions.observer(),
                 inner.audit.clone() as Arc<dyn Observer>,
+                Arc::new(CallMetrics) as Arc<dyn Observer>,
             ]))
             .layer(inner.fifo.clone())
             .layer(inner.sessions.layer())
@@ -208,9 +217,15 @@ impl Control {
             .reconfigure(config.budget.clone(), config.tenants.clone(), &config.costs)?;
         inner.sessions.reconfigure(config.sessions.clone())?;
         config.fifo.apply(&inner.fifo);
-        inner
-            .classify
-            .reconfigure(config.body_limit, config.rejection.clone());
+        inner.classify.reconfigure(
+            config.body_limit,
+            config.rejection.clone(),
+            config.identity.identity()?,
+        );
+        metrics::set_label_caps(
+            config.metrics.max_tenant_labels,
+            config.metrics.max_tool_labels,
+        );
         inner.switch.store(config.policy());
         inner.config.store(Arc::new(config));
         self.apply_policy();

@@ -20,7 +20,7 @@ mod policy;
 mod watch;
 
 pub use audit::{AUDIT_MAX_SESSIONS, AUDIT_PER_SESSION, Audit, Invocation};
-pub use config::{AdminConfig, Config};
+pub use config::{AdminConfig, Config, IdentityConfig, MetricsConfig};
 pub use handle::Control;
 pub use policy::{Features, FixedLimits, Mode, Policy, Switch};
 pub use watch::DEBOUNCE;

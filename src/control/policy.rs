@@ -30,6 +30,17 @@ impl Mode {
             Mode::Off => "off",
         }
     }
+
+    /// Sets `stormgate_mode`: 1 for this mode, 0 for the others.
+    pub(crate) fn emit(self) {
+        for mode in [Mode::Adaptive, Mode::Fixed, Mode::Off] {
+            ::metrics::gauge!(crate::metrics::MODE, "mode" => mode.as_str()).set(if mode == self {
+                1.0
+            } else {
+                0.0
+            });
+        }
+    }
 }
 
 /// One switch per feature, each on by default.

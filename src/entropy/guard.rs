@@ -432,6 +432,16 @@ impl SessionGuard {
         if let Some(first) = top.first() {
             ::metrics::gauge!(metrics::SESSION_TOP_SCORE).set(first.score);
         }
+        // Session ids only in these top-N series; one that leaves the top N is no longer
+        // updated and the exporter drops it (metrics::GAUGE_IDLE_TIMEOUT).
+        for t in &top {
+            let id = t.session.clone();
+            ::metrics::gauge!(metrics::SESSION_ENTROPY, "session" => id.clone()).set(t.entropy);
+            ::metrics::gauge!(metrics::SESSION_SCORE, "session" => id.clone()).set(t.score);
+            ::metrics::gauge!(metrics::SESSION_CONSUMPTION, "session" => id.clone())
+                .set(t.consumption);
+            ::metrics::gauge!(metrics::SESSION_REJECTIONS, "session" => id).set(t.rejected as f64);
+        }
         ::metrics::gauge!(metrics::SESSIONS).set(self.inner.sessions.len() as f64);
         *self
             .inner

@@ -55,14 +55,6 @@ pub(crate) enum Verdict {
 
 /// Applies `rejected` (indices into the request's [`Calls`], ascending) to `request`.
 pub(crate) fn apply(mut request: Request<Body>, rejected: &[(usize, Rejection)]) -> Verdict {
-    for (_, r) in rejected {
-        ::metrics::counter!(
-            crate::metrics::REJECTED,
-            "reason" => r.reason().as_str(),
-            "scope" => r.scope().as_str(),
-        )
-        .increment(1);
-    }
     let Some(calls) = request
         .extensions()
         .get::<Calls>()
