@@ -3,7 +3,7 @@
 //!
 //! [`Budget`] is one shared state with three faces:
 //!
-//! * an [`Admission`]: each request call is charged its weight ([`Call::cost`]) against a
+//! * an [`Admission`]: each tool, resource or prompt call is charged its weight ([`Call::cost`]) against a
 //!   weighted-cost token bucket ([`Gcra`], lock-free) whose rate is the current budget, and
 //!   against its tenant's share; a call refused by a later stage gets its charge back;
 //! * an [`Observer`]: every finished call's service time and outcome feed the tick's sample;
@@ -587,6 +587,15 @@ impl Admission for Budget {
     type Permit = BudgetPermit;
 
     fn admit(&self, call: &Call) -> Result<BudgetPermit, Rejection> {
+        if call.target().is_none() {
+            // Protocol chatter (initialize, tools/list, ping) is not the work budgets guard,
+            // and refusing `initialize` would keep a client from connecting at all.
+            return Ok(BudgetPermit {
+                tenant: None,
+                cost: 0,
+                charge: Charge::Free,
+            });
+        }
         let now = self.now();
         let cost = u64::from(call.cost.max(1));
         let policy = self.inner.switch.load();
@@ -608,6 +617,9 @@ impl Admission for Budget {
     }
 
     fn refund(&self, permit: BudgetPermit) {
+        if permit.cost == 0 {
+            return; // chatter: nothing was charged or counted
+        }
         let now = self.now();
         let inner = &*self.inner;
         let cost = permit.cost;

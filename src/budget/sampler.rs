@@ -63,13 +63,12 @@ impl Sampler {
 
     /// A call finished.
     pub(crate) fn observe(&self, o: &Observation<'_>) {
+        if o.call.target().is_none() {
+            return; // protocol chatter (initialize, tools/list, ping): not charged, not sampled
+        }
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        if matches!(o.outcome, Outcome::Cancelled | Outcome::ClientError)
-            || o.call.target().is_none()
-        {
-            // A cancel or an invalid request says nothing about the backend's health, and
-            // protocol chatter (initialize, tools/list, ping) is not the work being guarded.
-            return;
+        if matches!(o.outcome, Outcome::Cancelled | Outcome::ClientError) {
+            return; // says nothing about the backend's health
         }
         self.completed.fetch_add(1, Ordering::Relaxed);
         if o.outcome.is_failure() {

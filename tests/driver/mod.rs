@@ -1,0 +1,248 @@
+//! Drives the example server through every refusal stormgate can give today, for the
+//! dashboard checks. Deterministic in paused or real time.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use http::Request;
+use serde_json::{Value, json};
+use stormgate::budget::{BudgetConfig, TenantConfig};
+use stormgate::control::{Config, Control, FixedLimits, IdentityConfig, Mode};
+use stormgate::entropy::SessionConfig;
+use stormgate::fifo::ResourceLimits;
+use tower::ServiceExt;
+
+use crate::common::message;
+
+/// The reasons [`drive`] produces.
+pub const REASONS: [&str; 7] = [
+    "queue_full",
+    "queue_timeout",
+    "upstream_rate_limited",
+    "session_budget_exceeded",
+    "tenant_budget_exceeded",
+    "global_budget_exceeded",
+    "fixed_limit_exceeded",
+];
+
+/// A configuration under which each reason is easy to reach.
+pub fn config() -> Config {
+    let mut config = Config {
+        budget: BudgetConfig {
+            stable_budget: 100.0,
+            burst: Some(50.0),
+            ..BudgetConfig::default()
+        },
+        tenants: TenantConfig {
+            min_budget: Some(0.001),
+            ..TenantConfig::default()
+        },
+        sessions: SessionConfig {
+            base_budget: 5.0,
+            burst: 5.0,
+            ..SessionConfig::default()
+        },
+        fixed: FixedLimits {
+            session_rate: Some(0.5),
+            ..FixedLimits::default()
+        },
+        identity: IdentityConfig {
+            tenant_header: Some("x-tenant".into()),
+            session_meta_key: None,
+        },
+        ..Config::default()
+    };
+    config.fifo.keys.insert(
+        "db".into(),
+        ResourceLimits::default()
+            .max_concurrent(NonZeroUsize::MIN)
+            .max_queue_depth(1)
+            .queue_timeout(Duration::from_millis(100)),
+    );
+    config.fifo.keys.insert(
+        "vector_search".into(),
+        ResourceLimits::default().queue_timeout(Duration::from_millis(100)),
+    );
+    config.fifo.tools.insert("sql_scan".into(), "db".into());
+    config
+}
+
+fn post(tenant: &str, session: Option<&str>, body: Value) -> Request<Body> {
+    let mut req = Request::post("/mcp")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("host", "localhost")
+        .header("x-tenant", tenant);
+    if let Some(s) = session {
+        req = req
+            .header("mcp-session-id", s)
+            .header("mcp-protocol-version", "2025-11-25");
+    }
+    req.body(Body::from(body.to_string())).unwrap()
+}
+
+async fn open(router: &Router, tenant: &str) -> String {
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"d","version":"1"}}});
+    let res = router
+        .clone()
+        .oneshot(post(tenant, None, init))
+        .await
+        .unwrap();
+    let id = res.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    message(res).await;
+    let done = json!({"jsonrpc":"2.0","method":"notifications/initialized"});
+    router
+        .clone()
+        .oneshot(post(tenant, Some(&id), done))
+        .await
+        .unwrap();
+    id
+}
+
+async fn call(router: &Router, tenant: &str, session: &str, tool: &str, args: Value) -> Value {
+    let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":tool,"arguments":args}});
+    message(
+        router
+            .clone()
+            .oneshot(post(tenant, Some(session), body))
+            .await
+            .unwrap(),
+    )
+    .await
+    .0
+}
+
+fn reason(msg: &Value) -> Option<String> {
+    msg["error"]["data"]["reason"].as_str().map(str::to_owned)
+}
+
+/// Sends the traffic; returns every refusal reason seen.
+pub async fn drive(router: &Router, control: &Control) -> Vec<String> {
+    let mut seen = Vec::new();
+    // FIFO: one scan at a time, one waiter, 100 ms patience: full and timed out.
+    let s = open(router, "fifo").await;
+    let scans: Vec<_> = (0..3)
+        .map(|i| {
+            let r = router.clone();
+            let s = s.clone();
+            tokio::spawn(async move {
+                call(
+                    &r,
+                    "fifo",
+                    &s,
+                    "sql_scan",
+                    json!({"table": format!("t{i}")}),
+                )
+                .await
+            })
+        })
+        .collect();
+    for h in scans {
+        seen.extend(reason(&h.await.unwrap()));
+    }
+    // An upstream cooldown longer than the key's patience.
+    control
+        .fifo()
+        .limiter()
+        .report_upstream_rate_limit("vector_search", Some(Duration::from_secs(5)));
+    seen.extend(reason(
+        &call(router, "fifo", &s, "vector_search", json!({"query": "q"})).await,
+    ));
+    // One session past its budget (5 calls of burst).
+    let s = open(router, "solo").await;
+    for i in 0..8 {
+        seen.extend(reason(
+            &call(
+                router,
+                "solo",
+                &s,
+                "cache_get",
+                json!({"key": format!("k{i}")}),
+            )
+            .await,
+        ));
+    }
+    // One tenant past its share (10 calls of burst), in sessions that stay within theirs.
+    for _ in 0..4 {
+        let s = open(router, "acme").await;
+        for i in 0..4 {
+            seen.extend(reason(
+                &call(
+                    router,
+                    "acme",
+                    &s,
+                    "cache_get",
+                    json!({"key": format!("k{i}")}),
+                )
+                .await,
+            ));
+        }
+    }
+    // Many tenants within their shares, past the global burst.
+    for t in 0..8 {
+        let tenant = format!("tenant-{t}");
+        for _ in 0..2 {
+            let s = open(router, &tenant).await;
+            for i in 0..4 {
+                seen.extend(reason(
+                    &call(
+                        router,
+                        &tenant,
+                        &s,
+                        "cache_get",
+                        json!({"key": format!("k{i}")}),
+                    )
+                    .await,
+                ));
+            }
+        }
+    }
+    // Fixed mode: half a call per second per session.
+    control.set_mode(Mode::Fixed);
+    let s = open(router, "fixed").await;
+    for i in 0..3 {
+        seen.extend(reason(
+            &call(
+                router,
+                "fixed",
+                &s,
+                "cache_get",
+                json!({"key": format!("k{i}")}),
+            )
+            .await,
+        ));
+    }
+    control.set_mode(Mode::Adaptive);
+    // A reload, the tick and the sweep that publish the gauges.
+    control.reload(control.config().as_ref().clone()).unwrap();
+    control.budget().tick();
+    control.sessions().sweep();
+    seen.sort();
+    seen.dedup();
+    seen
+}
+
+/// Every query of every panel of dashboards/stormgate.json.
+pub fn panel_queries() -> Vec<(String, String)> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/dashboards/stormgate.json");
+    let dash: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| {
+            let title = p["title"].as_str().unwrap_or("").to_owned();
+            p["targets"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |t| (title.clone(), t["expr"].as_str().unwrap().to_owned()))
+        })
+        .collect()
+}
