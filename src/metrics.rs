@@ -237,3 +237,18 @@ impl Observer for CallMetrics {
         .increment(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_past_the_cap_are_other() {
+        let cap = Cap::new();
+        cap.max.store(2, Ordering::Relaxed);
+        assert_eq!(cap.label("a"), "a");
+        assert_eq!(cap.label("b"), "b");
+        assert_eq!(cap.label("c"), OTHER);
+        assert_eq!(cap.label("a"), "a", "values seen before keep their label");
+    }
+}
