@@ -146,9 +146,7 @@ impl ResourceLimiter {
         }));
         let now = Instant::now();
         for key in self.inner.keys.iter() {
-            key.limits.store(Arc::new(self.limits(&key.name)));
-            let mut state = key.lock();
-            key.pump(&mut state, now);
+            key.set_limits(self.limits(&key.name), now);
         }
     }
 
@@ -182,7 +180,7 @@ impl ResourceLimiter {
         let key = self.key(key);
         // The account only matters (and is only copied) where accounts are limited.
         let account = account
-            .filter(|_| key.limits().max_concurrent_per_account.is_some())
+            .filter(|_| key.accounts_limited.load(Ordering::Relaxed))
             .map(Arc::from);
         Acquire {
             key,
@@ -196,11 +194,11 @@ impl ResourceLimiter {
     /// than the key's pacing; it applies even to keys with no limits configured.
     pub fn report_upstream_rate_limit(&self, key: &str, retry_after: Option<Duration>) {
         let key = self.key(key);
-        let cooldown = retry_after
-            .unwrap_or(DEFAULT_COOLDOWN)
-            .max(key.limits().pacing());
         let now = Instant::now();
         let mut state = key.lock();
+        let cooldown = retry_after
+            .unwrap_or(DEFAULT_COOLDOWN)
+            .max(state.limits.pacing());
         let until = now + cooldown;
         if state.cooldown_until.is_none_or(|c| c < until) {
             state.cooldown_until = Some(until);
@@ -240,8 +238,8 @@ impl ResourceLimiter {
 /// One key's state. Everything mutable is behind one short mutex.
 struct Key {
     name: Arc<str>,
-    /// The key's limits; a reload swaps them.
-    limits: ArcSwap<ResourceLimits>,
+    /// Whether the key limits concurrency per account (read without the lock by `acquire`).
+    accounts_limited: AtomicBool,
     bypass: Arc<AtomicBool>,
     state: Mutex<KeyState>,
     metrics: KeyMetrics,
@@ -275,6 +273,8 @@ impl KeyMetrics {
 
 #[derive(Default)]
 struct KeyState {
+    /// The key's limits; a reload swaps them.
+    limits: ResourceLimits,
     in_flight: usize,
     accounts: HashMap<Arc<str>, usize>,
     last_admit: Option<Instant>,
@@ -301,9 +301,12 @@ impl Key {
     fn new(name: &str, limits: ResourceLimits, bypass: Arc<AtomicBool>) -> Self {
         Key {
             name: Arc::from(name),
-            limits: ArcSwap::from_pointee(limits),
+            accounts_limited: AtomicBool::new(limits.max_concurrent_per_account.is_some()),
             bypass,
-            state: Mutex::new(KeyState::default()),
+            state: Mutex::new(KeyState {
+                limits,
+                ..KeyState::default()
+            }),
             metrics: KeyMetrics::new(name),
         }
     }
@@ -313,8 +316,15 @@ impl Key {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn limits(&self) -> ResourceLimits {
-        **self.limits.load()
+    /// Switches the key to new limits (a reload) and reconsiders its waiters.
+    fn set_limits(&self, limits: ResourceLimits, now: Instant) {
+        self.accounts_limited.store(
+            limits.max_concurrent_per_account.is_some(),
+            Ordering::Relaxed,
+        );
+        let mut state = self.lock();
+        state.limits = limits;
+        self.pump(&mut state, now);
     }
 
     fn bypassed(&self) -> bool {
@@ -325,7 +335,7 @@ impl Key {
         if self.bypassed() {
             return true;
         }
-        match (self.limits().max_concurrent_per_account, account) {
+        match (state.limits.max_concurrent_per_account, account) {
             (Some(max), Some(a)) => state.accounts.get(a).copied().unwrap_or(0) < max.get(),
             _ => true,
         }
@@ -333,8 +343,8 @@ impl Key {
 
     fn has_capacity(&self, state: &KeyState) -> bool {
         self.bypassed()
-            || self
-                .limits()
+            || state
+                .limits
                 .max_concurrent
                 .is_none_or(|max| state.in_flight < max.get())
     }
@@ -345,14 +355,14 @@ impl Key {
             return now;
         }
         let mut at = now;
-        let pacing = self.limits().pacing();
+        let pacing = state.limits.pacing();
         if let Some(last) = state.last_admit.filter(|_| !pacing.is_zero()) {
             at = at.max(last + pacing);
         }
         if let Some(until) = state.cooldown_until {
             at = at.max(until);
         }
-        if let Some(window) = self.limits().window {
+        if let Some(window) = state.limits.window {
             // An admission at t counts while now < t + length: the window is (now - length, now].
             while state
                 .window
@@ -374,11 +384,11 @@ impl Key {
         if state.in_flight == 1 {
             state.oldest_lease = Some(now);
         }
-        if let (Some(_), Some(a)) = (self.limits().max_concurrent_per_account, account) {
+        if let (Some(_), Some(a)) = (state.limits.max_concurrent_per_account, account) {
             *state.accounts.entry(a.clone()).or_insert(0) += 1;
         }
         state.last_admit = Some(now);
-        if self.limits().window.is_some() {
+        if state.limits.window.is_some() {
             state.window.push_back(now);
         }
         self.metrics.admitted.increment(1);
@@ -439,11 +449,11 @@ impl Key {
     /// How long a newcomer at queue position `position` (1 = next) can expect to wait: the
     /// admissions ahead of it times the key's service interval, and at least the cooldown.
     fn estimate_wait(&self, state: &mut KeyState, position: usize, now: Instant) -> Duration {
-        let mut interval = self.limits().pacing();
-        if let Some(window) = self.limits().window {
+        let mut interval = state.limits.pacing();
+        if let Some(window) = state.limits.window {
             interval = interval.max(window.length / window.max.get());
         }
-        if let Some(max) = self.limits().max_concurrent {
+        if let Some(max) = state.limits.max_concurrent {
             // Calls hold their place about `hold` each (the measured average); `max` run side
             // by side. Before any call finished, the running calls' age is a lower bound,
             // and 1 s the prior while nothing at all was seen.
@@ -513,7 +523,7 @@ impl Acquire {
             key.metrics.wait.record(0.0);
             return Ok(Some(self.lease(now, Duration::ZERO)));
         }
-        let limits = key.limits();
+        let limits = state.limits;
         if let Some(until) = state.cooldown_until.filter(|&u| u > now && !key.bypassed()) {
             let cannot_wait = limits.max_queue_depth == Some(0)
                 || limits.queue_timeout.is_some_and(|t| now + t < until);
