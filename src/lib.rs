@@ -47,6 +47,7 @@
 //! ```
 
 pub mod admit;
+pub mod breaker;
 pub mod budget;
 pub mod call;
 pub mod classify;

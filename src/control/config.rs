@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Features, FixedLimits, Mode, Policy};
+use crate::breaker::BreakerConfig;
 use crate::budget::{BudgetConfig, TenantConfig};
 use crate::classify::DEFAULT_BODY_LIMIT;
 use crate::cost::CostConfig;
@@ -50,6 +51,8 @@ pub struct Config {
     pub costs: CostConfig,
     /// The session guard.
     pub sessions: SessionConfig,
+    /// Per-tool circuit breakers.
+    pub breaker: BreakerConfig,
     /// How tenants and sessions are found.
     pub identity: IdentityConfig,
     /// Metric label bounds.
@@ -117,6 +120,7 @@ impl Default for Config {
             tenants: TenantConfig::default(),
             costs: CostConfig::default(),
             sessions: SessionConfig::default(),
+            breaker: BreakerConfig::default(),
             identity: IdentityConfig::default(),
             metrics: MetricsConfig::default(),
             admin: AdminConfig::default(),
@@ -171,6 +175,7 @@ impl Config {
         self.tenants.validate()?;
         self.costs.validate()?;
         self.sessions.validate()?;
+        self.breaker.validate()?;
         self.identity.identity()?;
         Ok(())
     }

@@ -7,6 +7,7 @@ use arc_swap::ArcSwap;
 use axum::Router;
 
 use super::{Audit, Config, Mode, Policy, Switch};
+use crate::breaker::CircuitBreakers;
 use crate::budget::Budget;
 use crate::classify::ClassifyLayer;
 use crate::entropy::SessionGuard;
@@ -39,6 +40,7 @@ struct Inner {
     classify: ClassifyLayer,
     budget: Budget,
     sessions: SessionGuard,
+    breakers: CircuitBreakers,
     fifo: FifoLimitLayer,
     audit: Arc<Audit>,
     last_error: Mutex<Option<String>>,
@@ -63,6 +65,7 @@ impl Control {
             .switch(switch.clone())
             .try_build()?;
         let sessions = SessionGuard::with_switch(config.sessions.clone(), switch.clone())?;
+        let breakers = CircuitBreakers::new(config.breaker.clone())?;
         let fifo = config.fifo.layer();
         let audit = Arc::new(Audit::default());
         metrics::set_label_caps(
@@ -85,6 +88,7 @@ impl Control {
                 classify,
                 budget,
                 sessions,
+                breakers,
                 fifo,
                 audit,
                 last_error: Mutex::new(None),
@@ -95,17 +99,19 @@ impl Control {
     }
 
     /// Wraps an MCP router in the whole stack, outermost first: classify, budget, session
-    /// guard, FIFO limiter, outcome observation.
+    /// guard, circuit breakers, FIFO limiter, outcome observation.
     pub fn wrap(&self, router: Router) -> Router {
         let inner = &*self.inner;
         router
             .layer(OutcomeLayer::new([
                 inner.budget.observer(),
                 inner.sessions.observer(),
+                inner.breakers.observer(),
                 inner.audit.clone() as Arc<dyn Observer>,
                 Arc::new(CallMetrics) as Arc<dyn Observer>,
             ]))
             .layer(inner.fifo.clone())
+            .layer(inner.breakers.layer())
             .layer(inner.sessions.layer())
             .layer(inner.budget.layer())
             .layer(inner.classify.clone())
@@ -152,6 +158,11 @@ impl Control {
     /// The session guard.
     pub fn sessions(&self) -> &SessionGuard {
         &self.inner.sessions
+    }
+
+    /// The circuit breakers.
+    pub fn breakers(&self) -> &CircuitBreakers {
+        &self.inner.breakers
     }
 
     /// The FIFO layer (and through it, the limiter).
@@ -216,6 +227,7 @@ impl Control {
             .budget
             .reconfigure(config.budget.clone(), config.tenants.clone(), &config.costs)?;
         inner.sessions.reconfigure(config.sessions.clone())?;
+        inner.breakers.reconfigure(config.breaker.clone())?;
         config.fifo.apply(&inner.fifo);
         inner.classify.reconfigure(
             config.body_limit,

@@ -1,0 +1,221 @@
+//! Per-tool circuit breakers (seed 002): fail fast while a dependency keeps failing, and probe
+//! it carefully when it may have recovered.
+//!
+//! Each protected tool has its own breaker, never one global breaker. Closed, a breaker lets
+//! calls through and keeps the outcomes of the last `window_calls`; once at least `min_calls`
+//! are in the window and the failure rate reaches `failure_rate` (or the share of calls slower
+//! than `slow_call` reaches `slow_rate`), it opens: every call of the tool is refused with
+//! `circuit_open` (scope `tool`, `retry_after_ms` until the first probe may go). After
+//! `open_for` it is half-open: exactly `probes` calls go through (not a flood: seed 002 warns
+//! that too many probes crush a recovering provider); if they all succeed it closes, if one
+//! fails or is slow it opens again.
+//!
+//! Failures come from the outcome hook (errors and timeouts); refusals by stormgate itself never
+//! reach it, so they never count as the tool's failures, and a probe refused by a later stage
+//! gives its place back.
+
+mod state;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+pub use state::{Breaker, BreakerState};
+
+use crate::admit::{Admission, AdmitLayer};
+use crate::call::Call;
+use crate::outcome::{Observation, Observer, Outcome};
+use crate::rejection::{Reason, Rejection, Scope};
+
+/// Breaker settings. Defaults are stormgate's (seed 002 gives the mechanism, not numbers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BreakerConfig {
+    /// The tools with a breaker. Empty (the default): none.
+    pub tools: BTreeSet<String>,
+    /// Outcomes kept in the sliding window. Default 20.
+    pub window_calls: usize,
+    /// Outcomes needed in the window before it may open. Default 10.
+    pub min_calls: usize,
+    /// Failure share that opens it. Default 0.5.
+    pub failure_rate: f64,
+    /// A call slower than this is slow (`slow_call_ms`). Default 2 s.
+    #[serde(rename = "slow_call_ms", with = "crate::duration_ms")]
+    pub slow_call: Duration,
+    /// Slow share that opens it. Default 1.0 (only when every call in the window is slow).
+    pub slow_rate: f64,
+    /// How long it stays open (`open_for_ms`). Default 10 s.
+    #[serde(rename = "open_for_ms", with = "crate::duration_ms")]
+    pub open_for: Duration,
+    /// Probes let through when half-open. Default 2.
+    pub probes: u32,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            tools: BTreeSet::new(),
+            window_calls: 20,
+            min_calls: 10,
+            failure_rate: 0.5,
+            slow_call: Duration::from_secs(2),
+            slow_rate: 1.0,
+            open_for: Duration::from_secs(10),
+            probes: 2,
+        }
+    }
+}
+
+impl BreakerConfig {
+    /// Checks every rule; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.window_calls == 0 {
+            return Err("breaker.window_calls: must be at least 1".into());
+        }
+        if self.min_calls == 0 || self.min_calls > self.window_calls {
+            return Err("breaker.min_calls: must be between 1 and window_calls".into());
+        }
+        for (name, v) in [
+            ("failure_rate", self.failure_rate),
+            ("slow_rate", self.slow_rate),
+        ] {
+            if !(v > 0.0 && v <= 1.0) {
+                return Err(format!("breaker.{name}: must be in (0, 1]"));
+            }
+        }
+        if self.slow_call.is_zero() {
+            return Err("breaker.slow_call_ms: must be greater than 0".into());
+        }
+        if self.open_for.is_zero() {
+            return Err("breaker.open_for_ms: must be greater than 0".into());
+        }
+        if self.probes == 0 {
+            return Err("breaker.probes: must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// The breakers of every protected tool: an [`Admission`] and an [`Observer`].
+#[derive(Clone)]
+pub struct CircuitBreakers {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    epoch: Instant,
+    config: ArcSwap<BreakerConfig>,
+    breakers: DashMap<String, Arc<Mutex<Breaker>>>,
+}
+
+impl std::fmt::Debug for CircuitBreakers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CircuitBreakers")
+            .field("config", &self.inner.config.load())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A call let through: which breaker, and whether it was a probe.
+#[derive(Debug)]
+pub struct BreakerPermit(Option<(Arc<Mutex<Breaker>>, bool)>);
+
+fn lock(b: &Mutex<Breaker>) -> std::sync::MutexGuard<'_, Breaker> {
+    b.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl CircuitBreakers {
+    /// Breakers with these settings (validated).
+    pub fn new(config: BreakerConfig) -> Result<Self, String> {
+        config.validate()?;
+        Ok(CircuitBreakers {
+            inner: Arc::new(Inner {
+                epoch: Instant::now(),
+                config: ArcSwap::from_pointee(config),
+                breakers: DashMap::new(),
+            }),
+        })
+    }
+
+    /// Takes new settings; every breaker keeps its state and window.
+    pub fn reconfigure(&self, config: BreakerConfig) -> Result<(), String> {
+        config.validate()?;
+        self.inner.config.store(Arc::new(config));
+        Ok(())
+    }
+
+    /// The admission stage: `AdmitLayer` over these breakers.
+    pub fn layer(&self) -> AdmitLayer<CircuitBreakers> {
+        AdmitLayer::new(self.clone())
+    }
+
+    /// The observer to give to [`OutcomeLayer`](crate::outcome::OutcomeLayer).
+    pub fn observer(&self) -> Arc<dyn Observer> {
+        Arc::new(self.clone())
+    }
+
+    /// The state of a tool's breaker, if it has one yet.
+    pub fn state(&self, tool: &str) -> Option<BreakerState> {
+        self.inner.breakers.get(tool).map(|b| lock(&b).state())
+    }
+
+    fn breaker(&self, tool: &str) -> Option<Arc<Mutex<Breaker>>> {
+        if !self.inner.config.load().tools.contains(tool) {
+            return None;
+        }
+        Some(
+            self.inner
+                .breakers
+                .entry(tool.to_owned())
+                .or_default()
+                .clone(),
+        )
+    }
+}
+
+impl Admission for CircuitBreakers {
+    type Permit = BreakerPermit;
+
+    fn admit(&self, call: &Call) -> Result<BreakerPermit, Rejection> {
+        let Some(breaker) = call.tool.as_deref().and_then(|t| self.breaker(t)) else {
+            return Ok(BreakerPermit(None));
+        };
+        let config = self.inner.config.load();
+        let now = self.inner.epoch.elapsed();
+        let result = lock(&breaker).try_admit(now, &config);
+        match result {
+            Ok(probe) => Ok(BreakerPermit(Some((breaker, probe)))),
+            Err(wait) => Err(Rejection::new(Reason::CircuitOpen, Scope::Tool, wait)),
+        }
+    }
+
+    fn refund(&self, permit: BreakerPermit) {
+        if let Some((breaker, true)) = permit.0 {
+            lock(&breaker).release_probe();
+        }
+    }
+}
+
+impl Observer for CircuitBreakers {
+    fn observe(&self, o: &Observation<'_>) {
+        if matches!(o.outcome, Outcome::Cancelled | Outcome::ClientError) {
+            return; // says nothing about the tool
+        }
+        let Some(breaker) = o.call.tool.as_deref().and_then(|t| self.breaker(t)) else {
+            return;
+        };
+        let config = self.inner.config.load();
+        let slow = o.service_time >= config.slow_call;
+        lock(&breaker).record(
+            self.inner.epoch.elapsed(),
+            o.outcome.is_failure(),
+            slow,
+            &config,
+        );
+    }
+}
