@@ -56,6 +56,7 @@ pub mod cost;
 mod duration_ms;
 pub mod entropy;
 pub mod fifo;
+pub mod idempotency;
 pub mod mcp;
 pub mod metrics;
 pub mod outcome;

@@ -89,6 +89,23 @@ impl ClassifyLayer {
     }
 }
 
+#[cfg(test)]
+impl ClassifyLayer {
+    /// Classifies a body as the service would, for unit tests of later stages.
+    pub(crate) fn classify_for_test(
+        &self,
+        parts: &http::request::Parts,
+        body: &str,
+    ) -> crate::call::Calls {
+        super::service::classify(
+            parts,
+            &bytes::Bytes::from(body.to_owned()),
+            &self.shared.load(),
+        )
+        .expect("a JSON-RPC body")
+    }
+}
+
 impl Default for ClassifyLayer {
     fn default() -> Self {
         Self::new()

@@ -9,6 +9,7 @@ use crate::classify::DEFAULT_BODY_LIMIT;
 use crate::cost::CostConfig;
 use crate::entropy::SessionConfig;
 use crate::fifo::FifoConfig;
+use crate::idempotency::IdempotencyConfig;
 use crate::rejection::RejectionFormat;
 
 /// Every parameter of every stage (TOML file, or built in code). Each section has its
@@ -53,6 +54,8 @@ pub struct Config {
     pub sessions: SessionConfig,
     /// Per-tool circuit breakers.
     pub breaker: BreakerConfig,
+    /// Idempotency keys for non-idempotent tools.
+    pub idempotency: IdempotencyConfig,
     /// How tenants and sessions are found.
     pub identity: IdentityConfig,
     /// Metric label bounds.
@@ -121,6 +124,7 @@ impl Default for Config {
             costs: CostConfig::default(),
             sessions: SessionConfig::default(),
             breaker: BreakerConfig::default(),
+            idempotency: IdempotencyConfig::default(),
             identity: IdentityConfig::default(),
             metrics: MetricsConfig::default(),
             admin: AdminConfig::default(),
@@ -176,6 +180,7 @@ impl Config {
         self.costs.validate()?;
         self.sessions.validate()?;
         self.breaker.validate()?;
+        self.idempotency.validate()?;
         self.identity.identity()?;
         Ok(())
     }

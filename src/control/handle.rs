@@ -12,6 +12,7 @@ use crate::budget::Budget;
 use crate::classify::ClassifyLayer;
 use crate::entropy::SessionGuard;
 use crate::fifo::FifoLimitLayer;
+use crate::idempotency::IdempotencyLayer;
 use crate::metrics::{self, CallMetrics};
 use crate::outcome::{Observer, OutcomeLayer};
 
@@ -41,6 +42,7 @@ struct Inner {
     budget: Budget,
     sessions: SessionGuard,
     breakers: CircuitBreakers,
+    idempotency: IdempotencyLayer,
     fifo: FifoLimitLayer,
     audit: Arc<Audit>,
     last_error: Mutex<Option<String>>,
@@ -66,6 +68,7 @@ impl Control {
             .try_build()?;
         let sessions = SessionGuard::with_switch(config.sessions.clone(), switch.clone())?;
         let breakers = CircuitBreakers::new(config.breaker.clone())?;
+        let idempotency = IdempotencyLayer::new(config.idempotency.clone())?;
         let fifo = config.fifo.layer();
         let audit = Arc::new(Audit::default());
         metrics::set_label_caps(
@@ -89,6 +92,7 @@ impl Control {
                 budget,
                 sessions,
                 breakers,
+                idempotency,
                 fifo,
                 audit,
                 last_error: Mutex::new(None),
@@ -98,8 +102,8 @@ impl Control {
         Ok(control)
     }
 
-    /// Wraps an MCP router in the whole stack, outermost first: classify, budget, session
-    /// guard, circuit breakers, FIFO limiter, outcome observation.
+    /// Wraps an MCP router in the whole stack, outermost first: classify, idempotency, budget,
+    /// session guard, circuit breakers, FIFO limiter, outcome observation.
     pub fn wrap(&self, router: Router) -> Router {
         let inner = &*self.inner;
         router
@@ -114,6 +118,7 @@ impl Control {
             .layer(inner.breakers.layer())
             .layer(inner.sessions.layer())
             .layer(inner.budget.layer())
+            .layer(inner.idempotency.clone())
             .layer(inner.classify.clone())
     }
 
@@ -228,6 +233,7 @@ impl Control {
             .reconfigure(config.budget.clone(), config.tenants.clone(), &config.costs)?;
         inner.sessions.reconfigure(config.sessions.clone())?;
         inner.breakers.reconfigure(config.breaker.clone())?;
+        inner.idempotency.reconfigure(config.idempotency.clone())?;
         config.fifo.apply(&inner.fifo);
         inner.classify.reconfigure(
             config.body_limit,

@@ -19,7 +19,7 @@
 mod body;
 mod layer;
 mod service;
-mod sse;
+pub(crate) mod sse;
 
 use std::time::Duration;
 

@@ -1,0 +1,564 @@
+//! Idempotency keys for non-idempotent tools (seed 003 section 5.3): an agent retries a
+//! refused or timed-out write on its own, so a write must not run twice for one key.
+//!
+//! For the tools listed in [`IdempotencyConfig::tools`], a `tools/call` carries a key in
+//! `params._meta` (`meta_key`, default `idempotency_key`) or in the `Idempotency-Key` header,
+//! scoped by tenant and tool:
+//!
+//! * the first call with a key runs; its answer (the JSON-RPC `result` or `error`) is kept for
+//!   `ttl` (bounded by `max_entries`);
+//! * a duplicate that arrives while the first is running waits for it and receives its answer;
+//! * a duplicate after completion receives the kept answer without running the tool;
+//! * a call stormgate refused never ran, so nothing is kept and its retry runs normally (one of
+//!   the waiting duplicates, if any, runs in its place);
+//! * a listed tool called without a key is let through (`missing = "allow"`, the default) or
+//!   answered with a JSON-RPC error (-32602) naming the key (`missing = "reject"`).
+//!
+//! Answers are replayed with the duplicate's own id, as `application/json`. Batches and calls
+//! of tools not listed pass through untouched. If the first call's client goes away before its
+//! answer, nothing is kept and a retry runs (the tool may have started: prefer clients that
+//! wait). Place the layer right after the classifier, so duplicates never reach the budgets.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use axum::body::Body;
+use axum::response::Response;
+use bytes::{Bytes, BytesMut};
+use dashmap::DashMap;
+use http::{HeaderValue, Request, header};
+use http_body::Frame;
+use pin_project_lite::pin_project;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tower::{BoxError, Layer, Service, ServiceExt};
+
+use crate::call::{Call, Calls, Meta, Tenant};
+use crate::mcp::verdict::RefusedCalls;
+use crate::outcome::sse::SseParser;
+
+/// What to do with a listed tool called without a key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Missing {
+    /// Let it through (no protection for that call).
+    #[default]
+    Allow,
+    /// Answer with a JSON-RPC error naming the key.
+    Reject,
+}
+
+/// Idempotency settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IdempotencyConfig {
+    /// The non-idempotent tools (default: none).
+    pub tools: BTreeSet<String>,
+    /// The `params._meta` key of the idempotency key. Default `idempotency_key`.
+    pub meta_key: String,
+    /// The header of the idempotency key. Default `idempotency-key`.
+    pub header: String,
+    /// A listed tool called without a key. Default `allow`.
+    pub missing: Missing,
+    /// How long an answer is kept (`ttl_ms`). Default 10 min.
+    #[serde(rename = "ttl_ms", with = "crate::duration_ms")]
+    pub ttl: Duration,
+    /// Keys kept at most; past it, expired ones are dropped and, if still full, new keys are
+    /// not protected. Default 10 000.
+    pub max_entries: usize,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        IdempotencyConfig {
+            tools: BTreeSet::new(),
+            meta_key: "idempotency_key".into(),
+            header: "idempotency-key".into(),
+            missing: Missing::Allow,
+            ttl: Duration::from_secs(600),
+            max_entries: 10_000,
+        }
+    }
+}
+
+impl IdempotencyConfig {
+    /// Checks every rule; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), String> {
+        if http::HeaderName::from_bytes(self.header.as_bytes()).is_err() {
+            return Err(format!(
+                "idempotency.header: {:?} is not a header name",
+                self.header
+            ));
+        }
+        if self.meta_key.is_empty() {
+            return Err("idempotency.meta_key: must not be empty".into());
+        }
+        if self.ttl.is_zero() {
+            return Err("idempotency.ttl_ms: must be greater than 0".into());
+        }
+        if self.max_entries == 0 {
+            return Err("idempotency.max_entries: must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// A kept answer: the raw `result` or `error` member of the JSON-RPC response.
+#[derive(Debug, Clone)]
+struct Answer {
+    member: &'static str,
+    value: Box<RawValue>,
+}
+
+/// How the first call with a key ended.
+#[derive(Debug, Clone)]
+enum Settled {
+    Answered(Answer),
+    /// Refused by stormgate, never answered, or abandoned: nothing kept, a retry runs.
+    Retry,
+}
+
+#[derive(Debug)]
+enum Entry {
+    Running(watch::Receiver<Option<Settled>>),
+    Done(Answer, Instant),
+}
+
+type Key = (Tenant, String, String);
+
+struct Shared {
+    config: ArcSwap<IdempotencyConfig>,
+    entries: DashMap<Key, Entry>,
+}
+
+/// Builds [`Idempotent`] services. See the [module docs](crate::idempotency).
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("config", &self.shared.config.load())
+            .field("entries", &self.shared.entries.len())
+            .finish()
+    }
+}
+
+impl IdempotencyLayer {
+    /// A layer with these settings (validated).
+    pub fn new(config: IdempotencyConfig) -> Result<Self, String> {
+        config.validate()?;
+        Ok(IdempotencyLayer {
+            shared: Arc::new(Shared {
+                config: ArcSwap::from_pointee(config),
+                entries: DashMap::new(),
+            }),
+        })
+    }
+
+    /// Takes new settings; kept answers stay.
+    pub fn reconfigure(&self, config: IdempotencyConfig) -> Result<(), String> {
+        config.validate()?;
+        self.shared.config.store(Arc::new(config));
+        Ok(())
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotent<S>;
+
+    fn layer(&self, inner: S) -> Idempotent<S> {
+        Idempotent {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// Runs each write once per idempotency key. Built by [`IdempotencyLayer`].
+#[derive(Clone)]
+pub struct Idempotent<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> std::fmt::Debug for Idempotent<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotent").finish_non_exhaustive()
+    }
+}
+
+/// Response future of [`Idempotent`].
+pub type IdempotentFuture<E> = Pin<Box<dyn Future<Output = Result<Response, E>> + Send>>;
+
+fn key_of(
+    calls: &Calls,
+    parts: &http::request::Parts,
+    config: &IdempotencyConfig,
+) -> Option<String> {
+    let call = calls.single()?;
+    let header = parts
+        .headers
+        .get(config.header.as_str())
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned);
+    header.or_else(|| {
+        #[derive(Deserialize)]
+        struct Params<'a> {
+            #[serde(borrow, default)]
+            params: Option<Inner<'a>>,
+        }
+        #[derive(Deserialize)]
+        struct Inner<'a> {
+            #[serde(borrow, rename = "_meta", default)]
+            meta: Option<&'a RawValue>,
+        }
+        let raw = calls.raw(0);
+        let parsed: Params<'_> = serde_json::from_slice(&raw).ok()?;
+        let meta = parsed.params?.meta;
+        Meta::new(meta)
+            .get_str(&config.meta_key)
+            .map(|k| k.into_owned())
+            .filter(|_| call.tool.is_some())
+    })
+}
+
+fn json_response(body: Vec<u8>) -> Response {
+    let mut res = Response::new(Body::from(body));
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+fn replay(call: &Call, answer: &Answer) -> Response {
+    let id = call.id.as_ref().map_or("null", |i| i.as_json());
+    json_response(
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"{}":{}}}"#,
+            answer.member,
+            answer.value.get()
+        )
+        .into_bytes(),
+    )
+}
+
+fn missing_key(call: &Call, config: &IdempotencyConfig) -> Response {
+    let id = call.id.as_ref().map_or("null", |i| i.as_json());
+    let message = format!(
+        "tool {:?} is not idempotent: send an idempotency key in params._meta.{} or the {} header",
+        call.tool.as_deref().unwrap_or(""),
+        config.meta_key,
+        config.header
+    );
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": serde_json::Value::Null,
+        "error": {"code": -32602, "message": message}});
+    let mut text = body.to_string();
+    // Echo the id verbatim.
+    text = text.replacen(r#""id":null"#, &format!(r#""id":{id}"#), 1);
+    json_response(text.into_bytes())
+}
+
+impl<S, ResBody> Service<Request<Body>> for Idempotent<S>
+where
+    S: Service<Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = IdempotentFuture<S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let config = self.shared.config.load_full();
+        let listed = req
+            .extensions()
+            .get::<Calls>()
+            .and_then(Calls::single)
+            .filter(|c| c.tool.as_deref().is_some_and(|t| config.tools.contains(t)))
+            .cloned();
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let Some(call) = listed else {
+            return Box::pin(async move { Ok(inner.call(req).await?.map(Body::new)) });
+        };
+        let (parts, body) = req.into_parts();
+        let key = parts
+            .extensions
+            .get::<Calls>()
+            .and_then(|calls| key_of(calls, &parts, &config));
+        let req = Request::from_parts(parts, body);
+        let Some(key) = key else {
+            return match config.missing {
+                Missing::Allow => {
+                    Box::pin(async move { Ok(inner.call(req).await?.map(Body::new)) })
+                }
+                Missing::Reject => {
+                    let res = missing_key(&call, &config);
+                    Box::pin(async move { Ok(res) })
+                }
+            };
+        };
+        let shared = self.shared.clone();
+        let key: Key = (
+            call.tenant.clone(),
+            call.tool.clone().unwrap_or_default(),
+            key,
+        );
+        Box::pin(async move {
+            loop {
+                match lead_or_follow(&shared, &key, &config) {
+                    Role::Replay(answer) => return Ok(replay(&call, &answer)),
+                    Role::Follow(mut rx) => {
+                        // Wait for the first call; a refusal lets one of us run.
+                        let settled = loop {
+                            if let Some(s) = rx.borrow_and_update().clone() {
+                                break Some(s);
+                            }
+                            if rx.changed().await.is_err() {
+                                break None;
+                            }
+                        };
+                        if let Some(Settled::Answered(answer)) = settled {
+                            return Ok(replay(&call, &answer));
+                        }
+                    }
+                    Role::Unprotected => {
+                        return Ok(inner.ready().await?.call(req).await?.map(Body::new));
+                    }
+                    Role::Lead(tx) => {
+                        let res = inner.ready().await?.call(req).await?.map(Body::new);
+                        let refused = RefusedCalls::of(&res).contains(&call.seq);
+                        let settle = Settle {
+                            shared,
+                            key,
+                            tx: Some(tx),
+                            ttl: config.ttl,
+                        };
+                        if refused {
+                            settle.finish(Settled::Retry);
+                            return Ok(res);
+                        }
+                        let streaming = res
+                            .headers()
+                            .get(header::CONTENT_TYPE)
+                            .and_then(|v| v.to_str().ok())
+                            .is_some_and(|c| c.starts_with("text/event-stream"));
+                        let id = call.id.as_ref().map(|i| i.as_json().to_owned());
+                        return Ok(res.map(|b| {
+                            Body::new(Capture {
+                                inner: b,
+                                id,
+                                streaming,
+                                json: BytesMut::new(),
+                                sse: SseParser::default(),
+                                settle: Some(settle),
+                            })
+                        }));
+                    }
+                }
+            }
+        })
+    }
+}
+
+enum Role {
+    Lead(watch::Sender<Option<Settled>>),
+    Follow(watch::Receiver<Option<Settled>>),
+    Replay(Answer),
+    Unprotected,
+}
+
+fn lead_or_follow(shared: &Shared, key: &Key, config: &IdempotencyConfig) -> Role {
+    let now = Instant::now();
+    if shared.entries.len() >= config.max_entries && !shared.entries.contains_key(key) {
+        shared
+            .entries
+            .retain(|_, e| !matches!(e, Entry::Done(_, until) if *until <= now));
+        if shared.entries.len() >= config.max_entries {
+            return Role::Unprotected;
+        }
+    }
+    let mut entry = shared.entries.entry(key.clone()).or_insert_with(|| {
+        let (_, rx) = watch::channel(None);
+        Entry::Running(rx)
+    });
+    match &*entry {
+        Entry::Done(answer, until) if *until > now => Role::Replay(answer.clone()),
+        // A first call is running (its sender alive, nothing settled yet): wait for it.
+        Entry::Running(rx) if rx.has_changed().is_ok() && rx.borrow().is_none() => {
+            Role::Follow(rx.clone())
+        }
+        _ => {
+            // Fresh, expired, or left by a first call that will not answer: this call leads.
+            let (tx, rx) = watch::channel(None);
+            *entry = Entry::Running(rx);
+            Role::Lead(tx)
+        }
+    }
+}
+
+/// Settles a key once: keeps the answer (or frees the key for a retry) and wakes duplicates.
+/// Dropped without finishing (the client went away): a retry runs.
+struct Settle {
+    shared: Arc<Shared>,
+    key: Key,
+    tx: Option<watch::Sender<Option<Settled>>>,
+    ttl: Duration,
+}
+
+impl Settle {
+    fn finish(mut self, settled: Settled) {
+        self.settle(settled);
+    }
+
+    fn settle(&mut self, settled: Settled) {
+        let Some(tx) = self.tx.take() else { return };
+        match &settled {
+            Settled::Answered(answer) => {
+                self.shared.entries.insert(
+                    self.key.clone(),
+                    Entry::Done(answer.clone(), Instant::now() + self.ttl),
+                );
+            }
+            Settled::Retry => {
+                self.shared.entries.remove(&self.key);
+            }
+        }
+        let _ = tx.send(Some(settled));
+    }
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        self.settle(Settled::Retry);
+    }
+}
+
+#[derive(Deserialize)]
+struct Reply<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    result: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+}
+
+fn answer_in(text: &[u8], id: Option<&str>) -> Option<Answer> {
+    let reply: Reply<'_> = serde_json::from_slice(text).ok()?;
+    if reply.id.map(|i| i.get().trim()) != id {
+        return None;
+    }
+    let (member, value) = match (reply.result, reply.error) {
+        (Some(r), _) => ("result", r),
+        (None, Some(e)) => ("error", e),
+        _ => return None,
+    };
+    Some(Answer {
+        member,
+        value: value.to_owned(),
+    })
+}
+
+pin_project! {
+    /// Passes the first call's answer on unchanged, and keeps it when it has passed.
+    struct Capture<B> {
+        #[pin]
+        inner: B,
+        id: Option<String>,
+        streaming: bool,
+        json: BytesMut,
+        sse: SseParser,
+        settle: Option<Settle>,
+    }
+}
+
+impl<B> http_body::Body for Capture<B>
+where
+    B: http_body::Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let frame = this.inner.poll_frame(cx);
+        if this.settle.is_none() {
+            return frame;
+        }
+        match &frame {
+            Poll::Ready(Some(Ok(f))) => {
+                if let Some(data) = f.data_ref() {
+                    if *this.streaming {
+                        let id = this.id.as_deref();
+                        let mut found = None;
+                        this.sse.feed(data, |event| {
+                            if found.is_none() {
+                                found = answer_in(event, id);
+                            }
+                        });
+                        if let Some(answer) = found {
+                            let settle = this.settle.take().expect("checked above");
+                            settle.finish(Settled::Answered(answer));
+                        }
+                    } else {
+                        this.json.extend_from_slice(data);
+                    }
+                }
+            }
+            Poll::Ready(None) => {
+                let settle = this.settle.take().expect("checked above");
+                match answer_in(this.json.trim_ascii(), this.id.as_deref()) {
+                    Some(answer) => settle.finish(Settled::Answered(answer)),
+                    None => settle.finish(Settled::Retry),
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(settle) = this.settle.take() {
+                    settle.finish(Settled::Retry);
+                }
+            }
+            Poll::Pending => {}
+        }
+        frame
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_comes_from_meta_or_the_header() {
+        let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_order","arguments":{},"_meta":{"idempotency_key":"k1"}}}"#;
+        let req = http::Request::post("/mcp").body(()).unwrap();
+        let (parts, ()) = req.into_parts();
+        let shared = crate::classify::ClassifyLayer::new();
+        let calls = shared.classify_for_test(&parts, body);
+        assert_eq!(
+            key_of(&calls, &parts, &IdempotencyConfig::default()).as_deref(),
+            Some("k1")
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! Idempotency keys through the example's whole stack (in process, paused time).
+
+mod common;
+
+#[path = "../examples/mcp_server/app.rs"]
+mod app;
+
+use axum::Router;
+use axum::body::Body;
+use common::message;
+use http::Request;
+use serde_json::{Value, json};
+use stormgate::control::{Config, Control, FixedLimits, IdentityConfig, Mode};
+use stormgate::idempotency::Missing;
+use tower::ServiceExt;
+
+fn config() -> Config {
+    let mut config = Config {
+        identity: IdentityConfig {
+            tenant_header: Some("x-tenant".into()),
+            session_meta_key: None,
+        },
+        fixed: FixedLimits {
+            session_rate: Some(0.001),
+            ..FixedLimits::default()
+        },
+        ..Config::default()
+    };
+    config.idempotency.tools.insert("create_order".into());
+    config.sessions.base_budget = 1000.0;
+    config.sessions.burst = 1000.0;
+    config
+}
+
+fn post(tenant: &str, session: Option<&str>, body: Value) -> Request<Body> {
+    let mut req = Request::post("/mcp")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("host", "localhost")
+        .header("x-tenant", tenant);
+    if let Some(s) = session {
+        req = req
+            .header("mcp-session-id", s)
+            .header("mcp-protocol-version", "2025-11-25");
+    }
+    req.body(Body::from(body.to_string())).unwrap()
+}
+
+async fn open(router: &Router, tenant: &str) -> String {
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
+    let res = router
+        .clone()
+        .oneshot(post(tenant, None, init))
+        .await
+        .unwrap();
+    let id = res.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    message(res).await;
+    let done = json!({"jsonrpc":"2.0","method":"notifications/initialized"});
+    router
+        .clone()
+        .oneshot(post(tenant, Some(&id), done))
+        .await
+        .unwrap();
+    id
+}
+
+fn order(id: u64, key: Option<&str>) -> Value {
+    let mut params = json!({"name": "create_order", "arguments": {"item": "gpu", "quantity": 1}});
+    if let Some(k) = key {
+        params["_meta"] = json!({"idempotency_key": k});
+    }
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+}
+
+async fn send(router: &Router, tenant: &str, session: &str, body: Value) -> Value {
+    message(
+        router
+            .clone()
+            .oneshot(post(tenant, Some(session), body))
+            .await
+            .unwrap(),
+    )
+    .await
+    .0
+}
+
+fn text(msg: &Value) -> String {
+    msg["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn stack() -> (Router, Control, std::sync::Arc<app::Backend>) {
+    let backend = app::Backend::new();
+    let (router, control) = app::protected(backend.clone(), config()).unwrap();
+    (router, control, backend)
+}
+
+#[tokio::test(start_paused = true)]
+async fn fifty_concurrent_duplicates_run_the_write_once() {
+    let (router, _control, backend) = stack();
+    let sid = open(&router, "acme").await;
+    let calls: Vec<_> = (1..=50)
+        .map(|i| {
+            let r = router.clone();
+            let s = sid.clone();
+            tokio::spawn(async move { send(&r, "acme", &s, order(i, Some("order-7"))).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for (i, c) in calls.into_iter().enumerate() {
+        let msg = c.await.unwrap();
+        assert_eq!(
+            msg["id"],
+            i as u64 + 1,
+            "each duplicate gets its own id back"
+        );
+        answers.push(text(&msg));
+    }
+    assert_eq!(backend.orders(), 1, "the tool ran once");
+    assert!(
+        answers.iter().all(|a| a == "order 1: 1 x gpu"),
+        "{answers:?}"
+    );
+
+    // A retry after completion gets the kept answer without running again.
+    let again = send(&router, "acme", &sid, order(99, Some("order-7"))).await;
+    assert_eq!(
+        (again["id"].clone(), text(&again)),
+        (json!(99), "order 1: 1 x gpu".to_owned())
+    );
+    assert_eq!(backend.orders(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_call_never_ran_so_its_retry_runs() {
+    let (router, control, backend) = stack();
+    let sid = open(&router, "acme").await;
+    control.set_mode(Mode::Fixed); // one call per 1000 s per session
+    let first = send(&router, "acme", &sid, order(1, Some("a"))).await;
+    assert_eq!(text(&first), "order 1: 1 x gpu");
+    let refused = send(&router, "acme", &sid, order(2, Some("b"))).await;
+    assert_eq!(refused["error"]["data"]["reason"], "fixed_limit_exceeded");
+    assert_eq!(backend.orders(), 1);
+    control.set_mode(Mode::Adaptive);
+    // The session's bucket refills (fixed mode had emptied it).
+    tokio::time::advance(std::time::Duration::from_millis(10)).await;
+    let retry = send(&router, "acme", &sid, order(3, Some("b"))).await;
+    assert_eq!(text(&retry), "order 2: 1 x gpu", "the retry ran");
+    assert_eq!(backend.orders(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tenants_do_not_share_keys_and_missing_keys_follow_the_setting() {
+    let (router, control, backend) = stack();
+    let a = open(&router, "tenant-a").await;
+    let b = open(&router, "tenant-b").await;
+    send(&router, "tenant-a", &a, order(1, Some("same"))).await;
+    send(&router, "tenant-b", &b, order(2, Some("same"))).await;
+    assert_eq!(backend.orders(), 2, "one key, two tenants: two writes");
+
+    // Without a key: allowed by default, runs each time.
+    send(&router, "tenant-a", &a, order(3, None)).await;
+    assert_eq!(backend.orders(), 3);
+    // Refused with a clear error when configured.
+    let mut strict = control.config().as_ref().clone();
+    strict.idempotency.missing = Missing::Reject;
+    control.reload(strict).unwrap();
+    let msg = send(&router, "tenant-a", &a, order(4, None)).await;
+    assert_eq!(msg["id"], 4);
+    assert_eq!(msg["error"]["code"], -32602);
+    assert!(
+        msg["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("idempotency_key"),
+        "{msg}"
+    );
+    assert_eq!(backend.orders(), 3);
+}
