@@ -164,6 +164,8 @@ pub struct Call {
     pub(crate) seq: u32,
     /// `params.arguments` of a `tools/call`, the exact bytes (a slice of the body, no copy).
     pub(crate) arguments: Option<Bytes>,
+    /// When the call must be answered by (its whole-round deadline), if it has one.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 impl CallKind {
@@ -197,6 +199,7 @@ impl Call {
             span: 0..0,
             seq: 0,
             arguments: None,
+            deadline: None,
         }
     }
 

@@ -53,6 +53,7 @@ pub mod call;
 pub mod classify;
 pub mod control;
 pub mod cost;
+pub mod deadline;
 mod duration_ms;
 pub mod entropy;
 pub mod fifo;

@@ -7,6 +7,7 @@ use tower::Layer;
 use super::Classify;
 use crate::call::{DefaultIdentity, Identify};
 use crate::cost::Costs;
+use crate::deadline::DeadlineConfig;
 use crate::outcome::Observer;
 use crate::rejection::RejectionFormat;
 
@@ -21,6 +22,7 @@ pub(crate) struct Shared {
     pub(crate) format: Arc<RejectionFormat>,
     pub(crate) costs: Option<Arc<Costs>>,
     pub(crate) observers: Arc<[Arc<dyn Observer>]>,
+    pub(crate) deadlines: Arc<DeadlineConfig>,
 }
 
 /// Builds [`Classify`] services. See the [module docs](crate::classify).
@@ -39,6 +41,7 @@ impl ClassifyLayer {
                 format: Arc::new(RejectionFormat::default()),
                 costs: None,
                 observers: Arc::new([]),
+                deadlines: Arc::new(DeadlineConfig::default()),
             })),
         }
     }
@@ -81,6 +84,19 @@ impl ClassifyLayer {
     pub fn observers(self, observers: impl IntoIterator<Item = Arc<dyn Observer>>) -> Self {
         let observers: Arc<[Arc<dyn Observer>]> = observers.into_iter().collect();
         self.update(|s| s.observers = observers)
+    }
+
+    /// Gives each tool call its whole-round deadline ([`crate::deadline`]).
+    pub fn deadlines(self, deadlines: DeadlineConfig) -> Self {
+        let deadlines = Arc::new(deadlines);
+        self.update(|s| s.deadlines = deadlines)
+    }
+
+    /// Changes the deadlines of running services (a reload).
+    pub fn set_deadlines(&self, deadlines: DeadlineConfig) {
+        let mut shared = Shared::clone(&self.shared.load());
+        shared.deadlines = Arc::new(deadlines);
+        self.shared.store(Arc::new(shared));
     }
 
     /// How every layer below writes its rejections.

@@ -100,6 +100,9 @@ pub(super) fn classified(mut parts: Parts, body: Bytes, shared: &Shared) -> Requ
                     ::metrics::counter!(crate::metrics::HEADER_MISMATCH).increment(1);
                 }
             }
+            if let Some(d) = calls.single().and_then(|c| c.deadline) {
+                parts.extensions.insert(crate::deadline::Deadline(d));
+            }
             parts.extensions.insert(calls);
         }
         Err(unclassified) => {
@@ -128,6 +131,7 @@ pub(crate) fn classify(
     let header_method = header_str(parts, mcp::METHOD);
     let header_name = header_str(parts, mcp::NAME);
     let single = !parsed.batch;
+    let now = tokio::time::Instant::now();
     let calls = parsed
         .messages
         .into_iter()
@@ -163,6 +167,9 @@ pub(crate) fn classify(
                 header_mismatch,
                 span: m.span,
                 seq: u32::try_from(seq).unwrap_or(u32::MAX),
+                deadline: tool
+                    .and_then(|t| shared.deadlines.for_tool(t))
+                    .map(|d| now + d),
                 arguments: m.arguments.map(|raw| {
                     let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
                     body.slice(start..start + raw.get().len())

@@ -7,6 +7,7 @@ use crate::breaker::BreakerConfig;
 use crate::budget::{BudgetConfig, TenantConfig};
 use crate::classify::DEFAULT_BODY_LIMIT;
 use crate::cost::CostConfig;
+use crate::deadline::DeadlineConfig;
 use crate::entropy::SessionConfig;
 use crate::fifo::FifoConfig;
 use crate::idempotency::IdempotencyConfig;
@@ -56,6 +57,8 @@ pub struct Config {
     pub breaker: BreakerConfig,
     /// Idempotency keys for non-idempotent tools.
     pub idempotency: IdempotencyConfig,
+    /// Whole-round deadlines per tool.
+    pub deadlines: DeadlineConfig,
     /// How tenants and sessions are found.
     pub identity: IdentityConfig,
     /// Metric label bounds.
@@ -125,6 +128,7 @@ impl Default for Config {
             sessions: SessionConfig::default(),
             breaker: BreakerConfig::default(),
             idempotency: IdempotencyConfig::default(),
+            deadlines: DeadlineConfig::default(),
             identity: IdentityConfig::default(),
             metrics: MetricsConfig::default(),
             admin: AdminConfig::default(),
@@ -181,6 +185,7 @@ impl Config {
         self.sessions.validate()?;
         self.breaker.validate()?;
         self.idempotency.validate()?;
+        self.deadlines.validate()?;
         self.identity.identity()?;
         Ok(())
     }

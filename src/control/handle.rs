@@ -78,6 +78,7 @@ impl Control {
         let classify = ClassifyLayer::new()
             .identity(config.identity.identity()?)
             .body_limit(config.body_limit)
+            .deadlines(config.deadlines.clone())
             .format(config.rejection.clone())
             .costs(budget.costs())
             .observers([
@@ -235,6 +236,7 @@ impl Control {
         inner.breakers.reconfigure(config.breaker.clone())?;
         inner.idempotency.reconfigure(config.idempotency.clone())?;
         config.fifo.apply(&inner.fifo);
+        inner.classify.set_deadlines(config.deadlines.clone());
         inner.classify.reconfigure(
             config.body_limit,
             config.rejection.clone(),

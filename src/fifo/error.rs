@@ -29,6 +29,14 @@ pub enum AcquireError {
         /// Until the cooldown ends.
         retry_after: Duration,
     },
+    /// The call's whole-round deadline passed, or would pass before it could be admitted
+    /// (seed 000 `TIMEOUT`).
+    DeadlineExceeded {
+        /// How long it waited (zero when refused at once).
+        waited: Duration,
+        /// Expected wait for a place now.
+        retry_after: Duration,
+    },
 }
 
 impl AcquireError {
@@ -46,6 +54,11 @@ impl AcquireError {
             AcquireError::UpstreamRateLimited { retry_after } => {
                 Rejection::new(Reason::UpstreamRateLimited, Scope::Resource, retry_after)
             }
+            AcquireError::DeadlineExceeded {
+                waited,
+                retry_after,
+            } => Rejection::new(Reason::DeadlineExceeded, Scope::Tool, retry_after)
+                .with_queue_wait(waited),
         }
     }
 }
@@ -62,6 +75,13 @@ impl fmt::Display for AcquireError {
                 "upstream rate limited for another {} ms",
                 retry_after.as_millis()
             ),
+            AcquireError::DeadlineExceeded { waited, .. } => {
+                write!(
+                    f,
+                    "deadline exceeded after {} ms in the queue",
+                    waited.as_millis()
+                )
+            }
         }
     }
 }

@@ -177,6 +177,18 @@ impl ResourceLimiter {
     /// [`AcquireError::UpstreamRateLimited`] when the key is cooling down for longer than the
     /// caller could wait; after `queue_timeout` with [`AcquireError::QueueTimeout`].
     pub fn acquire(&self, key: &str, account: Option<&str>) -> Acquire {
+        self.acquire_until(key, account, None)
+    }
+
+    /// [`acquire`](Self::acquire) for a call with a whole-round deadline: refused at once
+    /// with [`AcquireError::DeadlineExceeded`] when it could not be admitted before it, and
+    /// the moment it passes while the call waits.
+    pub fn acquire_until(
+        &self,
+        key: &str,
+        account: Option<&str>,
+        deadline: Option<Instant>,
+    ) -> Acquire {
         let key = self.key(key);
         // The account only matters (and is only copied) where accounts are limited.
         let account = account
@@ -185,6 +197,7 @@ impl ResourceLimiter {
         Acquire {
             key,
             account,
+            deadline,
             state: AcquireState::Start,
         }
     }
@@ -479,6 +492,8 @@ impl Key {
 pub struct Acquire {
     key: Arc<Key>,
     account: Option<Arc<str>>,
+    /// The call's whole-round deadline.
+    deadline: Option<Instant>,
     state: AcquireState,
 }
 
@@ -514,6 +529,13 @@ impl Acquire {
     fn start(&mut self, now: Instant) -> Result<Option<Lease>, AcquireError> {
         let key = self.key.clone();
         let mut state = key.lock();
+        if self.deadline.is_some_and(|d| d <= now) && !key.bypassed() {
+            let position = state.queue.len() + 1;
+            return Err(AcquireError::DeadlineExceeded {
+                waited: Duration::ZERO,
+                retry_after: key.estimate_wait(&mut state, position, now),
+            });
+        }
         if state.queue.is_empty()
             && key.has_capacity(&state)
             && key.account_has_room(&state, self.account.as_ref())
@@ -524,6 +546,17 @@ impl Acquire {
             return Ok(Some(self.lease(now, Duration::ZERO)));
         }
         let limits = state.limits;
+        if let Some(d) = self.deadline.filter(|_| !key.bypassed()) {
+            // It would wait in vain: refuse now rather than at the deadline.
+            let position = state.queue.len() + 1;
+            let wait = key.estimate_wait(&mut state, position, now);
+            if now + wait > d {
+                return Err(AcquireError::DeadlineExceeded {
+                    waited: Duration::ZERO,
+                    retry_after: wait,
+                });
+            }
+        }
         if let Some(until) = state.cooldown_until.filter(|&u| u > now && !key.bypassed()) {
             let cannot_wait = limits.max_queue_depth == Some(0)
                 || limits.queue_timeout.is_some_and(|t| now + t < until);
@@ -565,9 +598,11 @@ impl Acquire {
         self.state = AcquireState::Waiting {
             id,
             enqueued: now,
-            deadline: limits
-                .queue_timeout
-                .map(|t| Box::pin(tokio::time::sleep_until(now + t))),
+            deadline: match (limits.queue_timeout.map(|t| now + t), self.deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+            .map(|at| Box::pin(tokio::time::sleep_until(at))),
             timer: None,
         };
         Ok(None)
@@ -622,10 +657,19 @@ impl Future for Acquire {
                 key.metrics.rejected_timeout.increment(1);
                 key.pump(&mut state, now);
                 drop(state);
+                let waited = now - enqueued;
+                let past_deadline = this.deadline.is_some_and(|d| d <= now);
                 this.state = AcquireState::Done;
-                return Poll::Ready(Err(AcquireError::QueueTimeout {
-                    waited: now - enqueued,
-                    retry_after,
+                return Poll::Ready(Err(if past_deadline {
+                    AcquireError::DeadlineExceeded {
+                        waited,
+                        retry_after,
+                    }
+                } else {
+                    AcquireError::QueueTimeout {
+                        waited,
+                        retry_after,
+                    }
                 }));
             }
             let waiter = state.waiters.get_mut(&id).expect("waiting waiters exist");

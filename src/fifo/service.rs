@@ -13,7 +13,9 @@ use super::future::ResponseFuture;
 use super::layer::Shared;
 use super::{Acquire, QueueWait};
 use crate::call::Calls;
-use crate::mcp::verdict;
+use crate::deadline::DeadlineBody;
+use crate::mcp::{reply, verdict};
+use crate::rejection::{Reason, Rejection, Scope};
 
 /// The FIFO limiter for inbound MCP tool calls. Built by [`FifoLimitLayer`](super::FifoLimitLayer).
 pub struct FifoLimit<S> {
@@ -93,8 +95,28 @@ where
                 verdict::Verdict::Forward { mut request, merge } => {
                     // Stages inside (the outcome layer) see the wait too.
                     request.extensions_mut().insert(QueueWait(queue_wait));
-                    let response = inner.ready().await?.call(request).await?;
+                    let running = request.extensions().get::<Calls>().cloned();
+                    let deadline = running
+                        .as_ref()
+                        .and_then(|c| c.iter().filter_map(|c| c.deadline).min());
+                    let future = inner.ready().await?.call(request);
+                    let response = match deadline {
+                        None => future.await?,
+                        Some(d) => match tokio::time::timeout_at(d, future).await {
+                            Ok(response) => response?,
+                            // Past its deadline before it answered: cancelled (the future
+                            // and the places it held are dropped here) and answered.
+                            Err(_) => {
+                                let calls = running.expect("a deadline comes from a call");
+                                return Ok(past_deadline(&calls, queue_wait));
+                            }
+                        },
+                    };
                     let mut response = response.map(|b| Body::new(LeaseBody::new(b, leases)));
+                    if let (Some(d), Some(calls)) = (deadline, &running) {
+                        let pending = deadline_answers(calls, queue_wait);
+                        response = response.map(|b| Body::new(DeadlineBody::new(b, d, pending)));
+                    }
                     response.extensions_mut().insert(QueueWait(queue_wait));
                     Ok(match merge {
                         Some(m) => verdict::merge(response, m).await,
@@ -104,6 +126,36 @@ where
             }
         }))
     }
+}
+
+/// The refusal of a call cut at its deadline.
+fn deadline_rejection(queue_wait: Duration) -> Rejection {
+    // Nothing limits a retry: the call ran out of its own time.
+    Rejection::new(Reason::DeadlineExceeded, Scope::Tool, Duration::ZERO)
+        .with_queue_wait(queue_wait)
+}
+
+/// The answer to a request whose calls all ran past their deadline before any answer.
+fn past_deadline(calls: &Calls, queue_wait: Duration) -> Response {
+    let rejected: Vec<(usize, Rejection)> = (0..calls.len())
+        .filter(|&i| calls.calls[i].is_chargeable())
+        .map(|i| (i, deadline_rejection(queue_wait)))
+        .collect();
+    reply::rejection_response(calls, &rejected)
+}
+
+/// The error answer of each call with an id, to stream if the deadline cuts the answer.
+fn deadline_answers(calls: &Calls, queue_wait: Duration) -> Vec<(String, Vec<u8>)> {
+    calls
+        .iter()
+        .filter(|c| c.is_chargeable())
+        .filter_map(|c| {
+            let id = c.id.as_ref()?.as_json().to_owned();
+            let mut out = Vec::new();
+            reply::rejection_element(c, &deadline_rejection(queue_wait), &calls.format, &mut out);
+            Some((id, out))
+        })
+        .collect()
 }
 
 impl<S> FifoLimit<S> {
@@ -126,16 +178,24 @@ impl<S> FifoLimit<S> {
             })
             .collect();
         wanted.sort_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));
-        let mut out: Vec<(Vec<usize>, Acquire)> = Vec::with_capacity(wanted.len());
-        let mut last: Option<&str> = None;
+        let mut groups: Vec<(&str, Vec<usize>, Option<&str>)> = Vec::with_capacity(wanted.len());
         for (key, i, account) in wanted {
-            if last == Some(key) {
-                out.last_mut().expect("a previous key").0.push(i);
-                continue;
+            match groups.last_mut() {
+                Some((last, indices, _)) if *last == key => indices.push(i),
+                _ => groups.push((key, vec![i], account)),
             }
-            last = Some(key);
-            out.push((vec![i], self.shared.limiter.acquire(key, account)));
         }
-        out
+        groups
+            .into_iter()
+            .map(|(key, indices, account)| {
+                // A place shared by several calls must come before the earliest deadline.
+                let deadline = indices
+                    .iter()
+                    .filter_map(|&i| calls.calls[i].deadline)
+                    .min();
+                let acquire = self.shared.limiter.acquire_until(key, account, deadline);
+                (indices, acquire)
+            })
+            .collect()
     }
 }

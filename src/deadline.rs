@@ -1,0 +1,154 @@
+//! Whole-round deadlines (seed 002): one time budget per call that covers its queueing and
+//! its run, so a slow call never gets two budgets.
+//!
+//! A deadline per tool (or a default) starts when the classifier reads the call
+//! ([`Call::deadline`](crate::Call)). The FIFO limiter refuses at once (`deadline_exceeded`,
+//! scope `tool`) a call that could not be admitted before it, instead of letting it wait in
+//! vain, and refuses a waiter the moment its deadline passes. A call still running at its
+//! deadline is cancelled: its future and body are dropped (its place in the limiter is free at
+//! once) and it is answered with the same JSON-RPC error; for a streamed answer, the error is
+//! sent as the stream's last event. The deadline reaches the MCP service as a [`Deadline`]
+//! request extension, so tool code can pass the remaining time on.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body::Frame;
+use pin_project_lite::pin_project;
+use serde::{Deserialize, Serialize};
+use tokio::time::{Instant, Sleep};
+
+use crate::outcome::sse::SseParser;
+
+/// Per-tool deadlines, in milliseconds in config. Absent: no deadline.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeadlineConfig {
+    /// The deadline of tools not listed (`default_ms`). Absent: none.
+    #[serde(rename = "default_ms", with = "crate::duration_ms::opt")]
+    pub default: Option<Duration>,
+    /// Deadline per tool, milliseconds.
+    pub tools_ms: BTreeMap<String, u64>,
+}
+
+impl DeadlineConfig {
+    /// The deadline of one call of `tool`.
+    pub fn for_tool(&self, tool: &str) -> Option<Duration> {
+        self.tools_ms
+            .get(tool)
+            .map(|ms| Duration::from_millis(*ms))
+            .or(self.default)
+    }
+
+    /// Checks every rule; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.default.is_some_and(|d| d.is_zero()) {
+            return Err("deadlines.default_ms: must be greater than 0".into());
+        }
+        if let Some((tool, _)) = self.tools_ms.iter().find(|(_, ms)| **ms == 0) {
+            return Err(format!("deadlines.tools_ms.{tool}: must be greater than 0"));
+        }
+        Ok(())
+    }
+}
+
+/// Request extension: when the call must be answered by. Tool code can read it (rmcp hands
+/// the request's extensions to tools) to bound what it does in turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline(pub Instant);
+
+impl Deadline {
+    /// Time left.
+    pub fn remaining(&self) -> Duration {
+        self.0.saturating_duration_since(Instant::now())
+    }
+}
+
+pin_project! {
+    /// A streamed answer cut at the deadline: the inner body (and the limiter's places it
+    /// holds) is dropped, and the calls it has not answered yet get their error as the last
+    /// event.
+    pub(crate) struct DeadlineBody<B> {
+        #[pin]
+        inner: Option<B>,
+        #[pin]
+        sleep: Sleep,
+        sse: SseParser,
+        // (id as JSON, the serialized error answer) of every call not answered yet.
+        pending: Vec<(String, Vec<u8>)>,
+        done: bool,
+    }
+}
+
+impl<B> DeadlineBody<B> {
+    pub(crate) fn new(inner: B, deadline: Instant, pending: Vec<(String, Vec<u8>)>) -> Self {
+        DeadlineBody {
+            inner: Some(inner),
+            sleep: tokio::time::sleep_until(deadline),
+            sse: SseParser::default(),
+            pending,
+            done: false,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Id<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a serde_json::value::RawValue>,
+}
+
+impl<B> http_body::Body for DeadlineBody<B>
+where
+    B: http_body::Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        if *this.done {
+            return Poll::Ready(None);
+        }
+        if let Some(inner) = this.inner.as_mut().as_pin_mut()
+            && let Poll::Ready(frame) = inner.poll_frame(cx)
+        {
+            if let Some(Ok(f)) = &frame
+                && let Some(data) = f.data_ref()
+            {
+                let pending = &mut *this.pending;
+                this.sse.feed(data, |event| {
+                    if let Ok(Id { id: Some(id) }) = serde_json::from_slice::<Id<'_>>(event) {
+                        pending.retain(|(p, _)| p != id.get().trim());
+                    }
+                });
+            }
+            if frame.is_none() {
+                *this.done = true;
+            }
+            return Poll::Ready(frame);
+        }
+        if this.sleep.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        // The deadline passed: cancel the call and answer what is left.
+        this.inner.set(None);
+        *this.done = true;
+        if this.pending.is_empty() {
+            return Poll::Ready(None);
+        }
+        let mut out = BytesMut::new();
+        for (_, element) in this.pending.drain(..) {
+            out.extend_from_slice(b"event: message\ndata: ");
+            out.extend_from_slice(&element);
+            out.extend_from_slice(b"\n\n");
+        }
+        Poll::Ready(Some(Ok(Frame::data(out.freeze()))))
+    }
+}

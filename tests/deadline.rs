@@ -1,0 +1,99 @@
+//! Whole-round deadlines through the example stack (in process, paused time): refused at once
+//! when the queue cannot make it, cut when running past it, and handed to the tool code.
+
+mod common;
+
+#[path = "../examples/mcp_server/app.rs"]
+mod app;
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use axum::body::Body;
+use common::{message, session, tool_call};
+use http::Request;
+use serde_json::json;
+use stormgate::classify::ClassifyLayer;
+use stormgate::control::Config;
+use stormgate::deadline::{Deadline, DeadlineConfig};
+use stormgate::fifo::ResourceLimits;
+use tokio::time::Instant;
+use tower::{Layer, ServiceExt};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_at_once_when_the_queue_cannot_make_it_and_cut_when_running_past_it() {
+    let mut config = Config::default();
+    config.fifo.tools.insert("sql_scan".into(), "db".into());
+    config.fifo.keys.insert(
+        "db".into(),
+        ResourceLimits::default().max_concurrent(NonZeroUsize::MIN),
+    );
+    config.deadlines.tools_ms.insert("sql_scan".into(), 300);
+    config
+        .costs
+        .tools
+        .insert("sql_scan".into(), stormgate::cost::Weight::Fixed(1));
+    let (router, control) = app::protected(app::Backend::new(), config).unwrap();
+    let sid = session(&router).await;
+    let scan = |i| tool_call(&sid, i, "sql_scan", json!({"table": "t"}));
+
+    // One scan to learn how long a scan holds its place (200 ms).
+    let (warm, _) = message(router.clone().oneshot(scan(1)).await.unwrap()).await;
+    assert_eq!(warm["result"]["isError"], false);
+
+    let start = Instant::now();
+    let spawn = |req| {
+        let r = router.clone();
+        tokio::spawn(async move {
+            let msg = message(r.oneshot(req).await.unwrap()).await.0;
+            (msg, start.elapsed())
+        })
+    };
+    let a = spawn(scan(2)); // runs 0..200 ms
+    tokio::task::yield_now().await;
+    let b = spawn(scan(3)); // waits 200 ms, runs from 200 ms, deadline 300 ms: cut
+    tokio::task::yield_now().await;
+    let c = spawn(scan(4)); // two scans ahead: 400 ms > 300 ms, refused at once
+
+    let (c, c_at) = c.await.unwrap();
+    assert_eq!(c["error"]["data"]["reason"], "deadline_exceeded");
+    assert_eq!(c["error"]["data"]["scope"], "tool");
+    assert_eq!(c_at, Duration::ZERO, "refused at once, not at its deadline");
+
+    let (b, b_at) = b.await.unwrap();
+    assert_eq!(b["error"]["data"]["reason"], "deadline_exceeded", "{b}");
+    assert_eq!(b["error"]["data"]["queue_wait_ms"], 200);
+    assert_eq!(b_at, ms(300), "cut at its deadline");
+    assert_eq!(
+        control.fifo().limiter().in_flight("db"),
+        0,
+        "its place is free at once"
+    );
+
+    let (a, _) = a.await.unwrap();
+    assert_eq!(a["result"]["isError"], false, "{a}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_reaches_the_tool_code() {
+    let layer = ClassifyLayer::new().deadlines(DeadlineConfig {
+        default: Some(ms(2000)),
+        ..DeadlineConfig::default()
+    });
+    let inner = tower::service_fn(|req: Request<Body>| async move {
+        let remaining = req.extensions().get::<Deadline>().map(Deadline::remaining);
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::from(format!("{remaining:?}"))))
+    });
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}"#;
+    let res = layer
+        .layer(inner)
+        .oneshot(Request::post("/mcp").body(Body::from(body)).unwrap())
+        .await
+        .unwrap();
+    let text = common::body_bytes(res).await;
+    assert_eq!(text, "Some(2s)");
+}
