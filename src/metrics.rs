@@ -27,6 +27,7 @@
 //! | `stormgate_fifo_queue_depth` | gauge | `key` | waiters queued on a key |
 //! | `stormgate_fifo_queue_wait_seconds` | histogram | `key` | time admitted calls waited (0 for those admitted at once) |
 //! | `stormgate_upstream_rate_limited_total` | counter | `key` | upstream 429 answers seen by the outbound limiter |
+//! | `stormgate_upstream_retries_total` | counter | `key` | failed safe upstream calls retried once (`retry_once`) |
 //! | `stormgate_budget` | gauge | | the adaptive global budget, cost units per second |
 //! | `stormgate_budget_rate` | gauge | | smoothed admitted cost per second |
 //! | `stormgate_budget_error_rate` | gauge | | smoothed error rate of finished calls |
@@ -78,6 +79,8 @@ pub const FIFO_QUEUE_DEPTH: &str = "stormgate_fifo_queue_depth";
 pub const FIFO_QUEUE_WAIT: &str = "stormgate_fifo_queue_wait_seconds";
 /// Upstream 429 answers seen by the outbound limiter, by `key`.
 pub const UPSTREAM_RATE_LIMITED: &str = "stormgate_upstream_rate_limited_total";
+/// Failed safe upstream calls retried once, by `key`.
+pub const UPSTREAM_RETRIES: &str = "stormgate_upstream_retries_total";
 /// The adaptive global budget, cost units per second.
 pub const BUDGET: &str = "stormgate_budget";
 /// Smoothed admitted cost per second.

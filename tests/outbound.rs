@@ -178,3 +178,107 @@ async fn the_place_is_held_until_the_body_is_dropped() {
     drop(response);
     assert_eq!(limiter.in_flight("h"), 0);
 }
+
+/// An upstream that fails its first `failures` requests with `status` (or a transport error
+/// when `status` is None), then answers 200.
+fn flaky(
+    failures: usize,
+    status: Option<StatusCode>,
+) -> (
+    Arc<AtomicUsize>,
+    impl tower::Service<
+        Request<()>,
+        Response = Response<String>,
+        Error = std::io::Error,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static,
+) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let svc = tower::service_fn(move |_req: Request<()>| {
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n < failures {
+                match status {
+                    Some(s) => {
+                        let mut res = Response::new(String::new());
+                        *res.status_mut() = s;
+                        Ok(res)
+                    }
+                    None => Err(std::io::Error::other("connection reset")),
+                }
+            } else {
+                Ok(Response::new(String::from("ok")))
+            }
+        }
+    });
+    (hits, svc)
+}
+
+fn request(method: http::Method) -> Request<()> {
+    Request::builder()
+        .method(method)
+        .uri("http://api.example/x")
+        .body(())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_safe_call_that_failed_is_retried_once_and_nothing_else_is() {
+    let limiter = || ResourceLimiter::builder().build();
+    // GET after a 503: retried once, succeeds.
+    let (hits, svc) = flaky(1, Some(StatusCode::SERVICE_UNAVAILABLE));
+    let client = OutboundLimitLayer::new(limiter()).retry_once().layer(svc);
+    let res = client.oneshot(request(http::Method::GET)).await.unwrap();
+    assert_eq!(
+        (res.status(), hits.load(Ordering::SeqCst)),
+        (StatusCode::OK, 2)
+    );
+    // GET after a transport error: retried once.
+    let (hits, svc) = flaky(1, None);
+    let client = OutboundLimitLayer::new(limiter()).retry_once().layer(svc);
+    assert!(client.oneshot(request(http::Method::GET)).await.is_ok());
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    // At most once: two failures in a row come back as the second failure.
+    let (hits, svc) = flaky(2, Some(StatusCode::BAD_GATEWAY));
+    let client = OutboundLimitLayer::new(limiter()).retry_once().layer(svc);
+    let res = client.oneshot(request(http::Method::GET)).await.unwrap();
+    assert_eq!(
+        (res.status(), hits.load(Ordering::SeqCst)),
+        (StatusCode::BAD_GATEWAY, 2)
+    );
+    // A write is never retried.
+    let (hits, svc) = flaky(1, Some(StatusCode::SERVICE_UNAVAILABLE));
+    let client = OutboundLimitLayer::new(limiter()).retry_once().layer(svc);
+    let res = client.oneshot(request(http::Method::POST)).await.unwrap();
+    assert_eq!(
+        (res.status(), hits.load(Ordering::SeqCst)),
+        (StatusCode::SERVICE_UNAVAILABLE, 1)
+    );
+    // A 429 is never retried (the cooldown handles it).
+    let (hits, svc) = flaky(1, Some(StatusCode::TOO_MANY_REQUESTS));
+    let client = OutboundLimitLayer::new(limiter()).retry_once().layer(svc);
+    let res = client.oneshot(request(http::Method::GET)).await.unwrap();
+    assert_eq!(
+        (res.status(), hits.load(Ordering::SeqCst)),
+        (StatusCode::TOO_MANY_REQUESTS, 1)
+    );
+    // No time left before the deadline: no retry.
+    let (hits, svc) = flaky(1, Some(StatusCode::SERVICE_UNAVAILABLE));
+    let client = OutboundLimitLayer::new(limiter()).retry_once().layer(svc);
+    let mut req = request(http::Method::GET);
+    req.extensions_mut()
+        .insert(stormgate::deadline::Deadline(Instant::now()));
+    let res = client.oneshot(req).await.unwrap();
+    assert_eq!(
+        (res.status(), hits.load(Ordering::SeqCst)),
+        (StatusCode::SERVICE_UNAVAILABLE, 1)
+    );
+    // Off by default.
+    let (hits, svc) = flaky(1, Some(StatusCode::SERVICE_UNAVAILABLE));
+    let client = OutboundLimitLayer::new(limiter()).layer(svc);
+    client.oneshot(request(http::Method::GET)).await.unwrap();
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+}

@@ -7,11 +7,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::SystemTime;
 
-use http::{Request, Response, StatusCode, header};
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode, header};
 use tower::{BoxError, Layer, Service, ServiceExt};
 
 use super::body::LeaseBody;
 use super::{QueueWait, ResourceLimiter, parse_retry_after};
+use crate::deadline::Deadline;
 
 type KeyFn = Arc<dyn Fn(&http::Uri) -> String + Send + Sync>;
 
@@ -26,6 +29,7 @@ type KeyFn = Arc<dyn Fn(&http::Uri) -> String + Send + Sync>;
 pub struct OutboundLimitLayer {
     limiter: ResourceLimiter,
     key: KeyFn,
+    retry_once: bool,
 }
 
 impl OutboundLimitLayer {
@@ -34,7 +38,18 @@ impl OutboundLimitLayer {
         OutboundLimitLayer {
             limiter,
             key: Arc::new(|uri: &http::Uri| uri.host().unwrap_or("unknown").to_owned()),
+            retry_once: false,
         }
+    }
+
+    /// Retries a failed call once, and only when that cannot repeat a side effect (seed 002:
+    /// no blind retries): a bodiless safe request (GET, HEAD, OPTIONS, TRACE) whose answer was a
+    /// 5xx or a transport error, and only while its [`Deadline`](crate::deadline::Deadline)
+    /// (when the request carries one) has time left. Never a 429 (the cooldown handles those),
+    /// never a write. The retry keeps the call's place. Off by default.
+    pub fn retry_once(mut self) -> Self {
+        self.retry_once = true;
+        self
     }
 
     /// Keyed by `key(uri)` instead, e.g. to make several hosts share one quota.
@@ -49,6 +64,7 @@ impl Clone for OutboundLimitLayer {
         OutboundLimitLayer {
             limiter: self.limiter.clone(),
             key: self.key.clone(),
+            retry_once: self.retry_once,
         }
     }
 }
@@ -69,6 +85,7 @@ impl<S> Layer<S> for OutboundLimitLayer {
             inner,
             limiter: self.limiter.clone(),
             key: self.key.clone(),
+            retry_once: self.retry_once,
         }
     }
 }
@@ -78,6 +95,7 @@ pub struct OutboundLimit<S> {
     inner: S,
     limiter: ResourceLimiter,
     key: KeyFn,
+    retry_once: bool,
 }
 
 impl<S: Clone> Clone for OutboundLimit<S> {
@@ -86,6 +104,7 @@ impl<S: Clone> Clone for OutboundLimit<S> {
             inner: self.inner.clone(),
             limiter: self.limiter.clone(),
             key: self.key.clone(),
+            retry_once: self.retry_once,
         }
     }
 }
@@ -98,6 +117,25 @@ impl<S: fmt::Debug> fmt::Debug for OutboundLimit<S> {
     }
 }
 
+/// A copy of a bodiless safe request (GET, HEAD, OPTIONS, TRACE), or `None`.
+fn retry_copy<B: Default>(req: &Request<B>) -> Option<Request<B>> {
+    let safe = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE];
+    let bodiless = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .is_none_or(|v| v == "0")
+        && !req.headers().contains_key(header::TRANSFER_ENCODING);
+    if !safe.contains(req.method()) || !bodiless {
+        return None;
+    }
+    let mut copy = Request::new(B::default());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    Some(copy)
+}
+
 /// Response future of [`OutboundLimit`].
 pub type OutboundFuture<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
 
@@ -106,7 +144,7 @@ where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send,
     S::Error: Into<BoxError>,
-    B: Send + 'static,
+    B: Default + Send + 'static,
     RB: Send + 'static,
 {
     type Response = Response<LeaseBody<RB>>;
@@ -123,10 +161,26 @@ where
         let acquire = self.limiter.acquire(&key, None);
         let limiter = self.limiter.clone();
         let inner = self.inner.clone();
+        // A copy to retry with, for the requests a retry cannot harm.
+        let again = self.retry_once.then(|| retry_copy(&req)).flatten();
+        let deadline = req.extensions().get::<Deadline>().copied();
         Box::pin(async move {
             let lease = acquire.await?;
             let queue_wait = lease.queue_wait();
-            let response = inner.oneshot(req).await.map_err(Into::into)?;
+            let first = inner.clone().oneshot(req).await.map_err(Into::into);
+            let failed = match &first {
+                Err(_) => true,
+                Ok(res) => res.status().is_server_error(),
+            };
+            let time_left = deadline.is_none_or(|d| d.remaining() > Duration::ZERO);
+            let response = match again {
+                Some(again) if failed && time_left => {
+                    ::metrics::counter!(crate::metrics::UPSTREAM_RETRIES, "key" => key.clone())
+                        .increment(1);
+                    inner.oneshot(again).await.map_err(Into::into)?
+                }
+                _ => first?,
+            };
             if response.status() == StatusCode::TOO_MANY_REQUESTS {
                 ::metrics::counter!(crate::metrics::UPSTREAM_RATE_LIMITED, "key" => key.clone())
                     .increment(1);
