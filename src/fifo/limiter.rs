@@ -546,6 +546,17 @@ impl Acquire {
             return Ok(Some(self.lease(now, Duration::ZERO)));
         }
         let limits = state.limits;
+        if let Some(until) = state.cooldown_until.filter(|&u| u > now && !key.bypassed()) {
+            let cannot_wait = limits.max_queue_depth == Some(0)
+                || limits.queue_timeout.is_some_and(|t| now + t < until);
+            if cannot_wait {
+                key.metrics.rejected_cooldown.increment(1);
+                return Err(AcquireError::UpstreamRateLimited {
+                    retry_after: until - now,
+                });
+            }
+        }
+        // The cooldown first: it is the more precise reason when both apply.
         if let Some(d) = self.deadline.filter(|_| !key.bypassed()) {
             // It would wait in vain: refuse now rather than at the deadline.
             let position = state.queue.len() + 1;
@@ -554,16 +565,6 @@ impl Acquire {
                 return Err(AcquireError::DeadlineExceeded {
                     waited: Duration::ZERO,
                     retry_after: wait,
-                });
-            }
-        }
-        if let Some(until) = state.cooldown_until.filter(|&u| u > now && !key.bypassed()) {
-            let cannot_wait = limits.max_queue_depth == Some(0)
-                || limits.queue_timeout.is_some_and(|t| now + t < until);
-            if cannot_wait {
-                key.metrics.rejected_cooldown.increment(1);
-                return Err(AcquireError::UpstreamRateLimited {
-                    retry_after: until - now,
                 });
             }
         }

@@ -18,15 +18,17 @@ use tower::ServiceExt;
 
 use crate::common::message;
 
-/// The reasons [`drive`] produces.
-pub const REASONS: [&str; 7] = [
+/// The reasons [`drive`] produces: every one a stage of stormgate gives.
+pub const REASONS: [&str; 9] = [
+    "circuit_open",
+    "deadline_exceeded",
+    "fixed_limit_exceeded",
+    "global_budget_exceeded",
     "queue_full",
     "queue_timeout",
-    "upstream_rate_limited",
     "session_budget_exceeded",
     "tenant_budget_exceeded",
-    "global_budget_exceeded",
-    "fixed_limit_exceeded",
+    "upstream_rate_limited",
 ];
 
 /// A configuration under which each reason is easy to reach.
@@ -68,6 +70,12 @@ pub fn config() -> Config {
         ResourceLimits::default().queue_timeout(Duration::from_millis(100)),
     );
     config.fifo.tools.insert("sql_scan".into(), "db".into());
+    // A breaker that opens after two failed calls of create_order, and a deadline that cuts
+    // every vector_search (it takes 50 ms).
+    config.breaker.tools.insert("create_order".into());
+    config.breaker.window_calls = 2;
+    config.breaker.min_calls = 2;
+    config.deadlines.tools_ms.insert("vector_search".into(), 10);
     config
 }
 
@@ -149,7 +157,12 @@ pub async fn drive(router: &Router, control: &Control) -> Vec<String> {
     control
         .fifo()
         .limiter()
-        .report_upstream_rate_limit("vector_search", Some(Duration::from_secs(5)));
+        .report_upstream_rate_limit("vector_search", Some(Duration::from_millis(200)));
+    seen.extend(reason(
+        &call(router, "fifo", &s, "vector_search", json!({"query": "q"})).await,
+    ));
+    // Once the cooldown is over, a search runs past its 10 ms deadline and is cut.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     seen.extend(reason(
         &call(router, "fifo", &s, "vector_search", json!({"query": "q"})).await,
     ));
@@ -218,6 +231,16 @@ pub async fn drive(router: &Router, control: &Control) -> Vec<String> {
         ));
     }
     control.set_mode(Mode::Adaptive);
+    // Two failed writes (invalid arguments: an error result) open create_order's breaker,
+    // once the budgets have refilled.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // (each call from a new session, so the session guard does not step in first).
+    for i in 0..3 {
+        let s = open(router, "breaker").await;
+        seen.extend(reason(
+            &call(router, "breaker", &s, "create_order", json!({"item": i})).await,
+        ));
+    }
     // A reload, the tick and the sweep that publish the gauges.
     control.reload(control.config().as_ref().clone()).unwrap();
     control.budget().tick();
