@@ -32,37 +32,12 @@ fn config() -> Config {
     config
 }
 
-fn post(tenant: &str, session: Option<&str>, body: Value) -> Request<Body> {
-    let mut req = Request::post("/mcp")
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("host", "localhost")
-        .header("x-tenant", tenant);
-    if let Some(s) = session {
-        req = req
-            .header("mcp-session-id", s)
-            .header("mcp-protocol-version", "2025-11-25");
-    }
-    req.body(Body::from(body.to_string())).unwrap()
+async fn open(router: &Router, tenant: &str) -> String {
+    crate::common::session_as(router, Some(tenant)).await
 }
 
-async fn open(router: &Router, tenant: &str) -> String {
-    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
-    let res = router
-        .clone()
-        .oneshot(post(tenant, None, init))
-        .await
-        .unwrap();
-    let id = res.headers()["mcp-session-id"].to_str().unwrap().to_owned();
-    message(res).await;
-    let done = json!({"jsonrpc":"2.0","method":"notifications/initialized"});
-    router
-        .clone()
-        .oneshot(post(tenant, Some(&id), done))
-        .await
-        .unwrap();
-    id
+fn post(tenant: &str, session: Option<&str>, body: Value) -> Request<Body> {
+    crate::common::request_as(Some(tenant), session, body)
 }
 
 fn order(id: u64, key: Option<&str>) -> Value {

@@ -92,10 +92,22 @@ pub async fn body_bytes(res: Response) -> Bytes {
 
 /// A POST to `/mcp` with a JSON-RPC body, on `session` when given.
 pub fn request(session: Option<&str>, body: serde_json::Value) -> Request<Body> {
+    request_as(None, session, body)
+}
+
+/// The same, from `tenant` (an `x-tenant` header, for stacks configured to read it).
+pub fn request_as(
+    tenant: Option<&str>,
+    session: Option<&str>,
+    body: serde_json::Value,
+) -> Request<Body> {
     let mut req = Request::post("/mcp")
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .header("host", "localhost");
+    if let Some(t) = tenant {
+        req = req.header("x-tenant", t);
+    }
     if let Some(s) = session {
         req = req
             .header("mcp-session-id", s)
@@ -125,16 +137,25 @@ pub async fn message(res: Response) -> (serde_json::Value, Option<stormgate::fif
 
 /// Opens an MCP session on `router` (initialize + initialized) and returns its id.
 pub async fn session(router: &axum::Router) -> String {
+    session_as(router, None).await
+}
+
+/// The same, for `tenant` (an `x-tenant` header).
+pub async fn session_as(router: &axum::Router, tenant: Option<&str>) -> String {
     use tower::ServiceExt;
     let init = serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
         "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
-    let res = router.clone().oneshot(request(None, init)).await.unwrap();
+    let res = router
+        .clone()
+        .oneshot(request_as(tenant, None, init))
+        .await
+        .unwrap();
     let id = res.headers()["mcp-session-id"].to_str().unwrap().to_owned();
     message(res).await;
     let done = serde_json::json!({"jsonrpc":"2.0","method":"notifications/initialized"});
     router
         .clone()
-        .oneshot(request(Some(&id), done))
+        .oneshot(request_as(tenant, Some(&id), done))
         .await
         .unwrap();
     id
