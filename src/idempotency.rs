@@ -20,7 +20,6 @@
 //! wait). Place the layer right after the classifier, so duplicates never reach the budgets.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -39,6 +38,8 @@ use serde_json::value::RawValue;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service, ServiceExt};
+
+use crate::fifo::future::ResponseFuture;
 
 use crate::call::{Call, Calls, Meta, Tenant};
 use crate::mcp::verdict::RefusedCalls;
@@ -197,9 +198,6 @@ impl<S> std::fmt::Debug for Idempotent<S> {
     }
 }
 
-/// Response future of [`Idempotent`].
-pub type IdempotentFuture<E> = Pin<Box<dyn Future<Output = Result<Response, E>> + Send>>;
-
 fn key_of(
     calls: &Calls,
     parts: &http::request::Parts,
@@ -280,7 +278,8 @@ where
 {
     type Response = Response;
     type Error = S::Error;
-    type Future = IdempotentFuture<S::Error>;
+    // Calls with nothing to deduplicate pass unboxed; the rest are one boxed state machine.
+    type Future = ResponseFuture<S::Future, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -297,7 +296,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let Some(call) = listed else {
-            return Box::pin(async move { Ok(inner.call(req).await?.map(Body::new)) });
+            return ResponseFuture::passthrough(inner.call(req));
         };
         let (parts, body) = req.into_parts();
         let key = parts
@@ -307,12 +306,10 @@ where
         let req = Request::from_parts(parts, body);
         let Some(key) = key else {
             return match config.missing {
-                Missing::Allow => {
-                    Box::pin(async move { Ok(inner.call(req).await?.map(Body::new)) })
-                }
+                Missing::Allow => ResponseFuture::passthrough(inner.call(req)),
                 Missing::Reject => {
                     let res = missing_key(&call, &config);
-                    Box::pin(async move { Ok(res) })
+                    ResponseFuture::limited(Box::pin(async move { Ok(res) }))
                 }
             };
         };
@@ -322,7 +319,7 @@ where
             call.tool.clone().unwrap_or_default(),
             key,
         );
-        Box::pin(async move {
+        ResponseFuture::limited(Box::pin(async move {
             loop {
                 match lead_or_follow(&shared, &key, &config) {
                     Role::Replay(answer) => return Ok(replay(&call, &answer)),
@@ -375,7 +372,7 @@ where
                     }
                 }
             }
-        })
+        }))
     }
 }
 

@@ -12,7 +12,8 @@ use tower::BoxError;
 type Waiting<E> = Pin<Box<dyn Future<Output = Result<Response, E>> + Send>>;
 
 pin_project! {
-    /// Response future of [`FifoLimit`](super::FifoLimit).
+    /// Response future of [`FifoLimit`](super::FifoLimit) (and of
+    /// [`Idempotent`](crate::idempotency::Idempotent)).
     ///
     /// Calls that wait are boxed (the wait, the inner call and the lease-holding body are one
     /// state machine); calls with nothing to limit pass through unboxed.
@@ -36,13 +37,13 @@ pin_project! {
 }
 
 impl<F, E> ResponseFuture<F, E> {
-    pub(super) fn passthrough(future: F) -> Self {
+    pub(crate) fn passthrough(future: F) -> Self {
         ResponseFuture {
             state: State::Passthrough { future },
         }
     }
 
-    pub(super) fn limited(future: Waiting<E>) -> Self {
+    pub(crate) fn limited(future: Waiting<E>) -> Self {
         ResponseFuture {
             state: State::Limited { future },
         }
