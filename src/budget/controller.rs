@@ -148,7 +148,8 @@ pub struct TickStats {
     pub completed: u64,
     /// Of those, failures (5xx, JSON-RPC errors, `isError` results, timeouts).
     pub errors: u64,
-    /// Their p99 service time, when any finished.
+    /// The p99 service time of those and of the calls cancelled in the tick (for a cancelled
+    /// call, how long it had run), when there were any.
     pub p99: Option<Duration>,
     /// Cost units admitted in the tick.
     pub admitted_cost: f64,
@@ -261,10 +262,12 @@ impl Controller {
         let secs = self.config.sample_interval.as_secs_f64();
         let rate = self.rate.update(stats.admitted_cost / secs);
         let in_flight = self.in_flight.update(stats.in_flight as f64);
-        let (error_sample, p99_sample) = match (stats.completed, stats.p99) {
-            (0, _) | (_, None) => (0.0, self.baseline.value()),
-            (n, Some(p99)) => (stats.errors as f64 / n as f64, Some(p99.as_secs_f64())),
+        let error_sample = match stats.completed {
+            0 => 0.0,
+            n => stats.errors as f64 / n as f64,
         };
+        let raw_p99 = stats.p99.map(|p| p.as_secs_f64());
+        let p99_sample = raw_p99.or(self.baseline.value());
         let error_rate = self.error_rate.update(error_sample);
         let p99 = match p99_sample {
             Some(s) => self.p99.update(s),
@@ -277,7 +280,7 @@ impl Controller {
             // The baseline learns only while nothing holds the load back (healthy at the
             // stable budget): under a cut budget the latency sits just under the limit, and
             // learning from it would raise the limit step by step.
-            if let Some(raw) = p99_sample.filter(|_| stats.completed > 0)
+            if let Some(raw) = raw_p99
                 && self.budget >= self.config.stable_budget
             {
                 self.learn_baseline(raw);

@@ -67,12 +67,18 @@ impl Sampler {
             return; // protocol chatter (initialize, tools/list, ping): not charged, not sampled
         }
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        if matches!(o.outcome, Outcome::Cancelled | Outcome::ClientError) {
-            return; // says nothing about the backend's health
-        }
-        self.completed.fetch_add(1, Ordering::Relaxed);
-        if o.outcome.is_failure() {
-            self.errors.fetch_add(1, Ordering::Relaxed);
+        match o.outcome {
+            Outcome::ClientError => return, // says nothing about the backend's health
+            // A call its client gave up on ran at least this long: a censored latency sample.
+            // It is no error, but without it a backend slow enough that every client times
+            // out would leave only the fast survivors in the p99.
+            Outcome::Cancelled => {}
+            outcome => {
+                self.completed.fetch_add(1, Ordering::Relaxed);
+                if outcome.is_failure() {
+                    self.errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         let micros = u64::try_from(o.service_time.as_micros()).unwrap_or(u64::MAX);
         let shard = SHARD.with(|s| *s);

@@ -577,7 +577,7 @@ impl Admission for SessionGuard {
 impl Observer for SessionGuard {
     fn observe(&self, o: &Observation<'_>) {
         let config = self.inner.config.load();
-        if !config.enabled || matches!(o.outcome, Outcome::Cancelled | Outcome::ClientError) {
+        if !config.enabled || o.outcome == Outcome::ClientError {
             return;
         }
         let Some(tool) = o.call.target() else {
@@ -585,7 +585,13 @@ impl Observer for SessionGuard {
         };
         let secs = o.service_time.as_secs_f64().max(1e-6);
         let ratio = self.tool_baseline(tool).map_or(1.0, |b| secs / b.max(1e-6));
-        if !o.outcome.is_failure() && ratio <= config.latency_tolerance {
+        let cancelled = o.outcome == Outcome::Cancelled;
+        if cancelled && ratio <= config.latency_tolerance {
+            // A call its client gave up on ran at least this long: evidence of slowness when
+            // that is already too slow, of nothing otherwise.
+            return;
+        }
+        if !cancelled && !o.outcome.is_failure() && ratio <= config.latency_tolerance {
             self.inner
                 .tool_latency
                 .entry(tool.to_owned())
