@@ -86,7 +86,13 @@ async fn lists_and_calls_every_tool_through_the_whole_stack() {
     names.sort();
     assert_eq!(
         names,
-        ["cache_get", "create_order", "sql_scan", "vector_search"]
+        [
+            "cache_get",
+            "create_order",
+            "read_doc",
+            "sql_scan",
+            "vector_search"
+        ]
     );
 
     let r = client

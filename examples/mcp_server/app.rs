@@ -4,8 +4,9 @@
 
 #![allow(dead_code)] // some items are used only by the integration tests
 
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -20,6 +21,7 @@ use rmcp::{ErrorData, ServerHandler, schemars, tool, tool_handler, tool_router};
 use serde::Deserialize;
 use stormgate::control::{Config, Control};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
 /// Connections in the shared database pool.
 pub(crate) const POOL_SIZE: usize = 4;
@@ -29,22 +31,55 @@ pub(crate) const SQL_HOLD: Duration = Duration::from_millis(200);
 pub(crate) const POOL_WAIT_LIMIT: Duration = Duration::from_secs(2);
 /// How long `vector_search` takes.
 pub(crate) const VECTOR_LATENCY: Duration = Duration::from_millis(50);
+/// How long `read_doc` takes.
+pub(crate) const DOC_LATENCY: Duration = Duration::from_millis(10);
 
-/// The simulated backend every session shares: a small SQL pool and an order book.
+/// A scan slower than this, pool wait included, is a slow query.
+pub(crate) const SLOW_QUERY: Duration = Duration::from_secs(1);
+
+/// The simulated backend every session shares: a small SQL pool with a query cache, a
+/// document store and an order book.
 #[derive(Debug)]
 pub(crate) struct Backend {
     pool: Semaphore,
     orders: AtomicU64,
     scans: AtomicU64,
+    /// How long a scan holds its connection: (query seen before, new query).
+    hold: (Duration, Duration),
+    seen: Mutex<HashSet<String>>,
+    log: Mutex<Vec<Scan>>,
+}
+
+/// One `sql_scan` as the database saw it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scan {
+    /// When it arrived.
+    pub(crate) at: Instant,
+    /// How long it waited for a connection.
+    pub(crate) pool_wait: Duration,
+    /// Arrival to answer, pool wait included.
+    pub(crate) total: Duration,
+    /// False when the pool wait passed [`POOL_WAIT_LIMIT`] and it failed.
+    pub(crate) ok: bool,
 }
 
 impl Backend {
-    /// A backend with a pool of [`POOL_SIZE`] connections.
+    /// A backend with a pool of [`POOL_SIZE`] connections, every scan holding one for
+    /// [`SQL_HOLD`].
     pub(crate) fn new() -> Arc<Self> {
+        Self::with_cache(SQL_HOLD, SQL_HOLD)
+    }
+
+    /// A backend whose scans hold a connection for `warm` when the same table and filter were
+    /// scanned before (the cache has it) and `cold` for a query never seen.
+    pub(crate) fn with_cache(warm: Duration, cold: Duration) -> Arc<Self> {
         Arc::new(Backend {
             pool: Semaphore::new(POOL_SIZE),
             orders: AtomicU64::new(0),
             scans: AtomicU64::new(0),
+            hold: (warm, cold),
+            seen: Mutex::new(HashSet::new()),
+            log: Mutex::new(Vec::new()),
         })
     }
 
@@ -56,6 +91,34 @@ impl Backend {
     /// `sql_scan` calls that got a connection and ran.
     pub(crate) fn scans(&self) -> u64 {
         self.scans.load(Ordering::SeqCst)
+    }
+
+    /// Every scan so far, in the order they finished.
+    pub(crate) fn scan_log(&self) -> Vec<Scan> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Runs one scan: waits for a connection (failing after [`POOL_WAIT_LIMIT`]), holds it, and
+    /// logs it. Returns the pool wait, or the wait that failed.
+    async fn scan(&self, query: String) -> Result<Duration, Duration> {
+        let at = Instant::now();
+        let permit = tokio::time::timeout(POOL_WAIT_LIMIT, self.pool.acquire()).await;
+        let pool_wait = at.elapsed();
+        let ok = permit.is_ok();
+        if let Ok(permit) = permit {
+            let cached = !self.seen.lock().unwrap().insert(query);
+            tokio::time::sleep(if cached { self.hold.0 } else { self.hold.1 }).await;
+            drop(permit);
+            self.scans.fetch_add(1, Ordering::SeqCst);
+        }
+        let total = at.elapsed();
+        self.log.lock().unwrap().push(Scan {
+            at,
+            pool_wait,
+            total,
+            ok,
+        });
+        if ok { Ok(pool_wait) } else { Err(pool_wait) }
     }
 }
 
@@ -79,6 +142,12 @@ pub(crate) struct SqlScan {
     pub(crate) table: String,
     /// A filter expression.
     pub(crate) filter: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub(crate) struct ReadDoc {
+    /// The document id.
+    pub(crate) id: String,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -130,26 +199,29 @@ impl Tools {
         &self,
         Parameters(SqlScan { table, filter }): Parameters<SqlScan>,
     ) -> Result<CallToolResult, ErrorData> {
-        let started = tokio::time::Instant::now();
-        let permit = match tokio::time::timeout(POOL_WAIT_LIMIT, self.backend.pool.acquire()).await
-        {
-            Ok(permit) => permit.expect("pool is never closed"),
-            Err(_) => {
-                return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
-                    "connection pool exhausted: waited {} ms for a connection",
-                    started.elapsed().as_millis()
-                ))]));
-            }
-        };
-        let waited = started.elapsed();
-        tokio::time::sleep(SQL_HOLD).await;
-        drop(permit);
-        self.backend.scans.fetch_add(1, Ordering::SeqCst);
-        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
-            "scanned {table} where {} (pool wait {} ms)",
-            filter.as_deref().unwrap_or("true"),
-            waited.as_millis()
-        ))]))
+        // The database runs a query to its end even when the caller has gone (a timed-out
+        // client leaves its query holding a connection), so the scan runs in its own task.
+        let backend = self.backend.clone();
+        let query = format!("{table}|{}", filter.as_deref().unwrap_or("true"));
+        let scan = tokio::spawn(async move { backend.scan(query).await });
+        match scan.await {
+            Ok(Ok(waited)) => Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+                "scanned {table} where {} (pool wait {} ms)",
+                filter.as_deref().unwrap_or("true"),
+                waited.as_millis()
+            ))])),
+            Ok(Err(waited)) => Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                "connection pool exhausted: waited {} ms for a connection",
+                waited.as_millis()
+            ))])),
+            Err(e) => Err(ErrorData::internal_error(e.to_string(), None)),
+        }
+    }
+
+    #[tool(description = "Read one document by id from the document store (about 10 ms)")]
+    async fn read_doc(&self, Parameters(ReadDoc { id }): Parameters<ReadDoc>) -> String {
+        tokio::time::sleep(DOC_LATENCY).await;
+        format!("document {id}")
     }
 
     #[tool(description = "Create an order (a non-idempotent write)")]
