@@ -32,8 +32,13 @@ fn row(r: &Report) -> Vec<String> {
         format!("{} ms", complex.p99.as_millis()),
         format!("{:.2}%", 100.0 * r.complex_throttled()),
         format!("{}/{}", r.runaway_admitted(), r.stats(Agent::Runaway).calls),
-        r.time_to_first_throttle()
-            .map_or("never".into(), |d| format!("{:.1} s", d.as_secs_f64())),
+        match (
+            r.time_to_first_throttle(),
+            r.runaway_calls_to_first_throttle(),
+        ) {
+            (Some(d), Some(n)) => format!("{:.1} s, call {n}", d.as_secs_f64()),
+            _ => "never".into(),
+        },
         r.calls_after_trouble_until_throttle()
             .map_or("-".into(), |n| n.to_string()),
     ]

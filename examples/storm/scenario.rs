@@ -266,6 +266,13 @@ impl Report {
             .count()
     }
 
+    /// How many calls the runaway had made when it was first refused (that one included).
+    pub(crate) fn runaway_calls_to_first_throttle(&self) -> Option<usize> {
+        self.runaway()
+            .position(|c| matches!(c.outcome, Outcome::Throttled { .. }))
+            .map(|i| i + 1)
+    }
+
     /// From the runaway's start to its first refusal.
     pub(crate) fn time_to_first_throttle(&self) -> Option<Duration> {
         self.runaway()
