@@ -23,6 +23,10 @@
 //! counted and reported apart. Latency is from sending the request to the end of its answer,
 //! for answered calls.
 //!
+//! It also reports the process's CPU time per answered call (servers and client together,
+//! from `CLOCK_PROCESS_CPUTIME_ID` over the measured seconds): on a machine shared with other
+//! work, req/s moves with the neighbours' load, CPU per call much less.
+//!
 //! The load generator and both servers share one tokio runtime and this machine's cores: the
 //! figures are a ratio between two variants under the same conditions, not the server's
 //! capacity.
@@ -37,6 +41,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::serve::ListenerExt;
 use bytes::Bytes;
+use cpu_time::ProcessTime;
 use hdrhistogram::Histogram;
 use http::Request;
 use http::header::{ACCEPT, CONTENT_TYPE};
@@ -97,6 +102,8 @@ struct Stats {
     refused: u64,
     failed: u64,
     seconds: f64,
+    /// CPU time this process (servers and client) used while measuring.
+    cpu: Duration,
 }
 
 impl Stats {
@@ -107,6 +114,7 @@ impl Stats {
             refused: 0,
             failed: 0,
             seconds: 0.0,
+            cpu: Duration::ZERO,
         }
     }
 
@@ -116,6 +124,12 @@ impl Stats {
         self.refused += other.refused;
         self.failed += other.failed;
         self.seconds += other.seconds;
+        self.cpu += other.cpu;
+    }
+
+    /// Process CPU time per answered call, microseconds.
+    fn cpu_per_call(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.ok as f64
     }
 
     fn throughput(&self) -> f64 {
@@ -257,20 +271,24 @@ async fn run(conns: &[(HttpClient, String)], addr: SocketAddr, a: Args) -> Stats
             ))
         })
         .collect();
+    tokio::time::sleep_until(measure_from.into()).await;
+    let cpu = ProcessTime::now();
     let mut total = Stats::new();
     for t in tasks {
         total.add(&t.await.unwrap());
     }
+    total.cpu = cpu.elapsed();
     total.seconds = a.duration;
     total
 }
 
 fn row(name: &str, s: &Stats) {
     println!(
-        "| {name} | {:.0} | {:.3} | {:.3} | {} | {} | {} |",
+        "| {name} | {:.0} | {:.3} | {:.3} | {:.1} | {} | {} | {} |",
         s.throughput(),
         s.p(0.50),
         s.p(0.99),
+        s.cpu_per_call(),
         s.ok,
         s.refused,
         s.failed
@@ -323,12 +341,13 @@ async fn main() {
                 run(&conns_without, without, a).await
             };
             println!(
-                "round {} {:<8} {:>8.0} req/s  p50 {:.3} ms  p99 {:.3} ms  ok {} refused {} failed {}",
+                "round {} {:<8} {:>8.0} req/s  p50 {:.3} ms  p99 {:.3} ms  cpu {:.1} µs/call  ok {} refused {} failed {}",
                 round + 1,
                 if protected { "with" } else { "without" },
                 s.throughput(),
                 s.p(0.50),
                 s.p(0.99),
+                s.cpu_per_call(),
                 s.ok,
                 s.refused,
                 s.failed
@@ -342,8 +361,8 @@ async fn main() {
     }
 
     println!();
-    println!("| variant | req/s | p50 ms | p99 ms | ok | refused | failed |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| variant | req/s | p50 ms | p99 ms | CPU µs per call | ok | refused | failed |");
+    println!("|---|---|---|---|---|---|---|---|");
     row("without stormgate (bare rmcp)", &total_without);
     row("with stormgate (adaptive)", &total_with);
     println!();
@@ -352,6 +371,13 @@ async fn main() {
         total_with.throughput() / total_without.throughput(),
         total_with.p(0.99) - total_without.p(0.99),
         total_with.p(0.50) - total_without.p(0.50),
+    );
+    println!(
+        "CPU per call with/without: {:.1} / {:.1} µs (+{:.1} µs); the capacity ratio it implies on a CPU-bound machine: {:.3}",
+        total_with.cpu_per_call(),
+        total_without.cpu_per_call(),
+        total_with.cpu_per_call() - total_without.cpu_per_call(),
+        total_without.cpu_per_call() / total_with.cpu_per_call(),
     );
     if total_with.refused + total_with.failed + total_without.refused + total_without.failed > 0 {
         println!(
