@@ -5,6 +5,8 @@
 //!   [`Control`] stack in `off` mode, in `adaptive` mode, and inside the classify layer alone.
 //!   Each iteration builds the request and reads the whole answer body (the FIFO place and the
 //!   outcome are settled when the body ends); that work is the same in every variant.
+//! * **SSE answer**: the same with the answer written as rmcp writes it, an SSE stream of two
+//!   events (the outcome layer parses it event by event; every body wrapper polls each frame).
 //! * **per layer**: each non-waiting check on a pre-classified [`Call`] (the parse excluded),
 //!   through its public `Admission` / `acquire` API, not through its tower layer: the global
 //!   budget, the global + tenant budget, the session guard, the FIFO limiter. The classify
@@ -69,6 +71,15 @@ const RESULT: &str = concat!(
     r#""text":"cached:customer:48213:profile"}],"isError":false}}"#
 );
 
+/// rmcp's first SSE event.
+const SSE_PRIMING: &str = "data: \nid: 0/0\nretry: 3000\n\n";
+/// [`RESULT`] as rmcp's SSE event.
+const SSE_RESULT: &str = concat!(
+    r#"data: {"jsonrpc":"2.0","id":42,"result":{"content":[{"type":"text","#,
+    r#""text":"cached:customer:48213:profile"}],"isError":false}}"#,
+    "\nid: 1/0\n\n"
+);
+
 /// Sessions the HTTP requests and the admission calls are spread over.
 const SESSIONS: usize = 1_000;
 /// Tenants the admission calls are spread over.
@@ -101,6 +112,36 @@ fn inner() -> Router {
     Router::new().route(
         "/mcp",
         post(|| async { ([(CONTENT_TYPE, "application/json")], RESULT) }),
+    )
+}
+
+/// The answer as an SSE stream of two events, as rmcp's streamable HTTP service writes it.
+struct SseBody(u8);
+
+impl http_body::Body for SseBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        let frame = match self.0 {
+            0 => SSE_PRIMING,
+            1 => SSE_RESULT,
+            _ => return std::task::Poll::Ready(None),
+        };
+        self.0 += 1;
+        let frame = http_body::Frame::data(Bytes::from_static(frame.as_bytes()));
+        std::task::Poll::Ready(Some(Ok(frame)))
+    }
+}
+
+/// The instant inner service answering as an SSE stream.
+fn inner_sse() -> Router {
+    Router::new().route(
+        "/mcp",
+        post(|| async { ([(CONTENT_TYPE, "text/event-stream")], Body::new(SseBody(0))) }),
     )
 }
 
@@ -147,7 +188,11 @@ fn assert_admitted(rt: &Runtime, svc: &Router, sessions: &[HeaderValue]) {
         let mut svc = svc.clone();
         for i in 0..2_000 {
             let body = one(&mut svc, request(&sessions[i % sessions.len()])).await;
-            assert_eq!(body, RESULT.as_bytes(), "a call was refused or changed");
+            let body = String::from_utf8_lossy(&body);
+            assert!(
+                body.contains(RESULT),
+                "a call was refused or changed: {body}"
+            );
         }
     });
 }
@@ -177,10 +222,10 @@ fn bench_http(
 
 /// The whole stack in `mode`, every session and the tenant known and the tenant's share
 /// allocated, checked to admit everything.
-fn warmed(rt: &Runtime, mode: Mode, sessions: &[HeaderValue]) -> (Control, Router) {
+fn warmed(rt: &Runtime, mode: Mode, inner: Router, sessions: &[HeaderValue]) -> (Control, Router) {
     let control = Control::new(config()).unwrap();
     control.set_mode(mode);
-    let protected = control.wrap(inner());
+    let protected = control.wrap(inner);
     assert_admitted(rt, &protected, sessions);
     control.budget().tick();
     assert_admitted(rt, &protected, sessions);
@@ -199,8 +244,8 @@ fn stack(c: &mut Criterion) {
     let bare = inner();
     let classify_only = inner().layer(ClassifyLayer::new());
     // One stack per mode, built and warmed alike, so neither inherits the other's state.
-    let adaptive = warmed(&rt, Mode::Adaptive, &sessions);
-    let off = warmed(&rt, Mode::Off, &sessions);
+    let adaptive = warmed(&rt, Mode::Adaptive, inner(), &sessions);
+    let off = warmed(&rt, Mode::Off, inner(), &sessions);
 
     let mut g = c.benchmark_group("stack: one 300-byte tools/call");
     bench_http(
@@ -223,6 +268,28 @@ fn stack(c: &mut Criterion) {
     // Nothing was refused while measuring either.
     assert_admitted(&rt, &adaptive.1, &sessions);
     assert_admitted(&rt, &off.1, &sessions);
+
+    // The answer as rmcp writes it: an SSE stream of two events (a priming event, then the
+    // result), which the outcome layer parses event by event and every body wrapper polls.
+    let sse_bare = inner_sse();
+    let sse_adaptive = warmed(&rt, Mode::Adaptive, inner_sse(), &sessions);
+    let mut g = c.benchmark_group("stack, answer as an SSE stream (as rmcp answers)");
+    bench_http(
+        &mut g,
+        "no stack (inner service alone)",
+        &rt,
+        &sse_bare,
+        &sessions,
+    );
+    bench_http(
+        &mut g,
+        "stormgate adaptive",
+        &rt,
+        &sse_adaptive.1,
+        &sessions,
+    );
+    g.finish();
+    assert_admitted(&rt, &sse_adaptive.1, &sessions);
 
     // The same request through the layers added one at a time, in the stack's order (the
     // composition of the README's `protected()`): what each layer adds over HTTP.
@@ -577,7 +644,7 @@ fn stack_with_metrics(c: &mut Criterion) {
         .install_recorder()
         .unwrap();
     let sessions = session_headers();
-    let (_control, protected) = warmed(&rt, Mode::Adaptive, &sessions);
+    let (_control, protected) = warmed(&rt, Mode::Adaptive, inner(), &sessions);
     let mut g = c.benchmark_group("stack with the Prometheus recorder");
     bench_http(&mut g, "stormgate adaptive", &rt, &protected, &sessions);
     g.finish();
