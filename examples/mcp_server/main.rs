@@ -9,6 +9,7 @@
 
 mod app;
 
+use axum::serve::ListenerExt;
 use std::path::{Path, PathBuf};
 
 use stormgate::control::Config;
@@ -55,6 +56,11 @@ async fn main() -> std::io::Result<()> {
     if control.admin_router().is_some() {
         println!("admin routes: http://{local}/admin (bearer token from the configuration)");
     }
+    // rmcp writes its SSE answer in several small writes: without TCP_NODELAY each call waits
+    // on Nagle's algorithm and the client's delayed ACK (about 40 ms on Linux).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
