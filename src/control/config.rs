@@ -8,6 +8,7 @@ use crate::budget::{BudgetConfig, TenantConfig};
 use crate::classify::DEFAULT_BODY_LIMIT;
 use crate::cost::CostConfig;
 use crate::deadline::DeadlineConfig;
+use crate::distributed::DistributedConfig;
 use crate::entropy::SessionConfig;
 use crate::fifo::FifoConfig;
 use crate::idempotency::IdempotencyConfig;
@@ -65,6 +66,10 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The admin routes.
     pub admin: AdminConfig,
+    /// The budget shared with the other nodes through Redis (feature `redis`); absent: this
+    /// node's budget is its own. Read when the stack is built: a reload keeps the running
+    /// connection and ignores changes to this section.
+    pub distributed: Option<DistributedConfig>,
 }
 
 /// How tenants and sessions are found (see [`DefaultIdentity`](crate::call::DefaultIdentity)).
@@ -132,6 +137,7 @@ impl Default for Config {
             identity: IdentityConfig::default(),
             metrics: MetricsConfig::default(),
             admin: AdminConfig::default(),
+            distributed: None,
         }
     }
 }
@@ -187,6 +193,12 @@ impl Config {
         self.idempotency.validate()?;
         self.deadlines.validate()?;
         self.identity.identity()?;
+        if let Some(d) = &self.distributed {
+            if !cfg!(feature = "redis") {
+                return Err("distributed: this build of stormgate has no `redis` feature".into());
+            }
+            d.validate()?;
+        }
         Ok(())
     }
 
