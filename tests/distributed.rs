@@ -22,13 +22,14 @@ const PER_MS: u32 = 3;
 
 fn distributed(
     url: &str,
+    prefix: &str,
     node: &str,
     window_ms: u64,
     on_failure: FailureMode,
 ) -> DistributedConfig {
     DistributedConfig {
         url: url.to_owned(),
-        prefix: "test".into(),
+        prefix: prefix.to_owned(),
         node_id: Some(node.to_owned()),
         lease_window: Duration::from_millis(window_ms),
         timeout: Duration::from_millis(50).min(Duration::from_millis(window_ms / 2)),
@@ -75,11 +76,13 @@ async fn node(config: Option<DistributedConfig>) -> Node {
 }
 
 async fn cluster(url: &str, n: usize, window_ms: u64, on_failure: FailureMode) -> Vec<Node> {
+    let prefix = format!("test-{n}-{window_ms}");
     let mut nodes = Vec::new();
     for i in 0..n {
         nodes.push(
             node(Some(distributed(
                 url,
+                &prefix,
                 &format!("n{i}"),
                 window_ms,
                 on_failure,
@@ -488,4 +491,50 @@ async fn a_decrease_by_one_node_reaches_the_others_within_a_second() {
         "{after:.0}/s a second after the budget fell to {lower}"
     );
     assert!(after >= 0.7 * lower, "{after:.0}/s");
+}
+
+/// The README's table: over-issue and Redis round trips per 1 000 admitted calls, for lease
+/// windows of 100, 250, 500 and 1 000 ms and 1, 2, 3 and 5 nodes, each node offered three
+/// times the whole budget. Run with
+/// `cargo test --release --all-features --test distributed -- --ignored --nocapture over_issue_table`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "about 90 s: prints the README's table"]
+async fn over_issue_table() {
+    let redis = RedisServer::start();
+    println!(
+        "| lease window | nodes | admitted (budget {BUDGET}/s) | over-issue | round trips per 1 000 admitted | round trips per node per s |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for window_ms in [100u64, 250, 500, 1000] {
+        let window = Duration::from_millis(window_ms);
+        for n in [1usize, 2, 3, 5] {
+            let nodes = cluster(&redis.url(), n, window_ms, FailureMode::Local).await;
+            let clock = RedisClock::read(&redis.url());
+            drive(&nodes, clock, window, Duration::from_secs(1)).await; // warm-up
+            let trips = |nodes: &[Node]| -> u64 {
+                nodes
+                    .iter()
+                    .map(|n| n.shared.as_ref().unwrap().stats().round_trips)
+                    .sum()
+            };
+            let before = trips(&nodes);
+            let start = Instant::now();
+            let run = Duration::from_secs(3).max(window * 6);
+            let tallies = drive(&nodes, clock, window, run).await;
+            let elapsed = start.elapsed();
+            let trips = trips(&nodes) - before;
+            let admitted: u64 = tallies
+                .iter()
+                .map(|t| t.admitted.values().sum::<u64>())
+                .sum();
+            let windows = whole_windows(clock, window, start, start + run);
+            let rate = rate(&tallies, windows, window);
+            println!(
+                "| {window_ms} ms | {n} | {rate:.0}/s | {:.3}x | {:.1} | {:.1} |",
+                rate / BUDGET,
+                trips as f64 * 1000.0 / admitted as f64,
+                trips as f64 / n as f64 / elapsed.as_secs_f64()
+            );
+        }
+    }
 }

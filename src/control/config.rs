@@ -211,3 +211,26 @@ impl Config {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_distributed_section_is_validated() {
+        let err = Config::from_toml("[distributed]\nurl = \"http://redis\"\n").unwrap_err();
+        if cfg!(feature = "redis") {
+            assert!(err.starts_with("distributed.url: "), "{err}");
+            let ok = Config::from_toml("[distributed]\nlease_window_ms = 250\n").unwrap();
+            let d = ok.distributed.unwrap();
+            assert_eq!(d.lease_window.as_millis(), 250);
+            assert_eq!(d.url, "redis://127.0.0.1:6379");
+        } else {
+            assert_eq!(
+                err,
+                "distributed: this build of stormgate has no `redis` feature"
+            );
+        }
+        assert!(Config::from_toml("").unwrap().distributed.is_none());
+    }
+}
