@@ -538,3 +538,52 @@ async fn over_issue_table() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_a_proposal_yet_never_lowers_the_cluster_rate() {
+    let redis = RedisServer::start();
+    let window = Duration::from_millis(100);
+    let nodes = cluster(&redis.url(), 1, 100, FailureMode::Local).await;
+    // A node that has reached Redis but has no budget yet proposes nothing.
+    let late = SharedBudget::new(distributed(
+        &redis.url(),
+        "test-1-100",
+        "late",
+        100,
+        FailureMode::Local,
+    ))
+    .unwrap();
+    assert!(late.ready(Duration::from_secs(3)).await);
+    let clock = RedisClock::read(&redis.url());
+    drive(&nodes, clock, window, Duration::from_millis(300)).await;
+    let early = nodes[0].shared.as_ref().unwrap();
+    assert_eq!(early.shared_rate(), Some(BUDGET));
+    let mut con = redis::Client::open(redis.url().as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let proposals: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg("{test-1-100:global}:proposals")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        proposals.keys().collect::<Vec<_>>(),
+        ["n0"],
+        "{proposals:?}"
+    );
+    // Given a budget (and no ticker), it proposes the stable budget at once and admits.
+    let budget = Budget::builder(BudgetConfig {
+        stable_budget: BUDGET,
+        ..BudgetConfig::default()
+    })
+    .shared(late.clone())
+    .build();
+    let call = Call::request("tools/call").with_tool("search");
+    let mut admitted = 0;
+    for _ in 0..200 {
+        admitted += u32::from(budget.admit(&call).is_ok());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(admitted >= 100, "{admitted} of 200 admitted");
+    assert_eq!(late.shared_rate(), Some(BUDGET));
+}

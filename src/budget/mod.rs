@@ -218,6 +218,10 @@ impl BudgetBuilder {
             }),
         };
         budget.apply_policy();
+        #[cfg(feature = "redis")]
+        if let Some(shared) = &budget.inner.shared {
+            shared.global().propose(stable); // until the first tick
+        }
         budget
     }
 }

@@ -64,17 +64,16 @@ impl Budget {
         let tenant = match tenant.and_then(|t| t.lease.as_ref()) {
             None => None,
             Some(lease) => match shared.spend(lease, cost) {
-                Ok(window) => Some(window),
+                Ok(window) => window,
                 Err(wait) => {
-                    shared.global().refund(global, cost);
+                    if let Some(window) = global {
+                        shared.global().refund(window, cost);
+                    }
                     return Err((Reason::TenantBudgetExceeded, Scope::Tenant, wait));
                 }
             },
         };
-        Ok(Leased {
-            global: Some(global),
-            tenant,
-        })
+        Ok(Leased { global, tenant })
     }
 
     /// Gives a refused call's leased cost back to this node's leases (lost if the window has

@@ -83,8 +83,9 @@ impl ScopeLease {
         self.proposal.store(rate.to_bits(), Ordering::Relaxed);
     }
 
-    fn proposal(&self) -> f64 {
-        f64::from_bits(self.proposal.load(Ordering::Relaxed))
+    /// The rate proposed, `None` before the first.
+    fn proposal(&self) -> Option<f64> {
+        Some(f64::from_bits(self.proposal.load(Ordering::Relaxed))).filter(|r| !r.is_nan())
     }
 
     /// Gives back units spent from window `window` (a later stage refused the call).
@@ -192,7 +193,7 @@ impl SharedBudget {
                     &format!("{prefix}:global"),
                     Combine::Min,
                     "global",
-                    0.0,
+                    f64::NAN, // none until the budget proposes one
                 )),
                 config,
                 node,
@@ -321,10 +322,11 @@ impl SharedBudget {
         self.inner.changed.swap(false, Ordering::AcqRel)
     }
 
-    /// Spends `cost` units of `scope`'s lease for the current window; `Ok(window)` to refund
-    /// into, or `Err(wait_ns)`. Never waits: when the lease runs low, or the window nears its
-    /// end, it starts the scope's one request in the background.
-    pub(crate) fn spend(&self, scope: &Arc<ScopeLease>, cost: u64) -> Result<u64, u64> {
+    /// Spends `cost` units of `scope`'s lease for the current window: `Ok(Some(window))` to
+    /// refund into, `Ok(None)` when admitted on credit (claimed from Redis whatever happens
+    /// next, so nothing to refund), or `Err(wait_ns)`. Never waits: when the lease runs low,
+    /// or the window nears its end, it starts the scope's one request in the background.
+    pub(crate) fn spend(&self, scope: &Arc<ScopeLease>, cost: u64) -> Result<Option<u64>, u64> {
         let now = self.now_us();
         let timeout_us = u64::try_from(self.inner.config.timeout.as_micros()).unwrap_or(0);
         let Some(window) = self.inner.clock.index(now) else {
@@ -337,7 +339,8 @@ impl SharedBudget {
             self.request(scope, target, window);
         }
         match spent {
-            Spend::Leased | Spend::Credit => Ok(window),
+            Spend::Leased => Ok(Some(window)),
+            Spend::Credit => Ok(None),
             Spend::Short { exhausted: true } => Err(until_end.max(1) * 1_000),
             Spend::Short { exhausted: false } => Err(until_end.clamp(1, timeout_us) * 1_000),
         }
@@ -407,8 +410,10 @@ impl SharedBudget {
                     let shared = reply.rate_milli as f64 / 1000.0;
                     inner.rate.store(shared.to_bits(), Ordering::Relaxed);
                     inner.nodes.store(reply.nodes, Ordering::Relaxed);
-                    inner.published_at.store(sent, Ordering::Relaxed);
-                    inner.published.store(rate.to_bits(), Ordering::Relaxed);
+                    if let Some(rate) = rate {
+                        inner.published_at.store(sent, Ordering::Relaxed);
+                        inner.published.store(rate.to_bits(), Ordering::Relaxed);
+                    }
                     ::metrics::gauge!(metrics::SHARED_RATE).set(shared);
                 }
                 self.set_mode(SharedMode::Shared);

@@ -16,7 +16,7 @@ use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, ServerErrorKin
 
 /// The lease script. Keys: the scope's window counters (a hash: window index -> units
 /// granted) and its proposals (a hash: node -> "rate time_us"). Arguments: node, units
-/// wanted, the node's proposed rate (units/s), window (µs), proposal TTL (µs), how proposals
+/// wanted, the node's proposed rate (units/s, or `-` for none yet), window (µs), proposal TTL (µs), how proposals
 /// combine (`min` or `max`), and 1 to ask for the next window instead of the current one.
 ///
 /// It records the proposal, drops stale ones, takes the shared rate (the minimum or maximum
@@ -31,7 +31,9 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local want, rate = tonumber(ARGV[2]), tonumber(ARGV[3])
 local window, ttl, agg = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local idx = math.floor(now / window) + tonumber(ARGV[7])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. string.format('%.0f', now))
+if ARGV[3] ~= '-' then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. string.format('%.0f', now))
+end
 local shared, nodes = nil, 0
 local all = redis.call('HGETALL', KEYS[2])
 for i = 1, #all, 2 do
@@ -47,6 +49,9 @@ for i = 1, #all, 2 do
   end
 end
 redis.call('PEXPIRE', KEYS[2], math.ceil(ttl / 1000) * 2)
+if shared == nil then
+  return {0, idx, now, 0, 0, 1}
+end
 local per = shared * window / 1000000
 local whole = math.floor(per)
 local frac = per - whole
@@ -88,7 +93,8 @@ pub(crate) struct LeaseCall<'a> {
     pub(crate) proposals_key: &'a str,
     pub(crate) node: &'a str,
     pub(crate) want: u64,
-    pub(crate) rate: f64,
+    /// The node's proposal; `None` before it has one (it is then not recorded).
+    pub(crate) rate: Option<f64>,
     pub(crate) window_us: u64,
     pub(crate) ttl_us: u64,
     pub(crate) combine: Combine,
@@ -228,7 +234,10 @@ impl Store {
                 .arg(call.proposals_key)
                 .arg(call.node)
                 .arg(call.want)
-                .arg(format!("{}", call.rate))
+                .arg(match call.rate {
+                    Some(rate) => format!("{rate}"),
+                    None => "-".to_owned(),
+                })
                 .arg(call.window_us)
                 .arg(call.ttl_us)
                 .arg(match call.combine {
