@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::{message, session, tool_call};
 use serde_json::json;
 use stormgate::budget::{BudgetConfig, TenantConfig};
-use stormgate::control::Config;
+use stormgate::control::{AdminConfig, Config};
 use stormgate::distributed::{DistributedConfig, SharedMode};
 use stormgate::entropy::SessionConfig;
 use tower::ServiceExt;
@@ -43,6 +43,10 @@ fn config(redis: Option<&str>, node: &str) -> Config {
             node_id: Some(node.to_owned()),
             ..DistributedConfig::default()
         }),
+        admin: AdminConfig {
+            token: Some("s3cret".into()),
+            ..AdminConfig::default()
+        },
         ..Config::default()
     }
 }
@@ -100,6 +104,15 @@ async fn drive(redis: Option<&str>, run: Duration, warmup: Duration) -> (u64, Ve
         if let Some(shared) = control.budget().shared() {
             assert_eq!(shared.mode(), SharedMode::Shared);
             assert_eq!(shared.stats().errors, 0, "{:?}", shared.stats());
+            // The admin state shows it too.
+            let req = http::Request::get("/state")
+                .header("authorization", "Bearer s3cret")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let res = control.admin_router().unwrap().oneshot(req).await.unwrap();
+            let state = common::body_json(res).await;
+            assert_eq!(state["shared"]["mode"], "shared", "{state}");
+            assert_eq!(state["shared"]["rate"], BUDGET, "{state}");
         }
     }
     reasons.sort();
