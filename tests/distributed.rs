@@ -19,6 +19,9 @@ use stormgate::{Call, Reason, Tenant};
 const BUDGET: f64 = 1000.0;
 /// Calls each node is offered per millisecond (3000/s: three times the whole budget).
 const PER_MS: u32 = 3;
+/// No admission may take this long: it never waits for Redis (whose calls time out after
+/// 50 ms anyway); the margin is for a thread descheduled on a busy 2-core machine.
+const SLOW: Duration = Duration::from_millis(200);
 
 fn distributed(
     url: &str,
@@ -239,11 +242,7 @@ async fn three_nodes_hold_one_budget_where_three_local_budgets_admit_three_times
             share >= 0.15 * BUDGET,
             "node {i} admitted only {share:.0}/s"
         );
-        assert!(
-            t.slowest < Duration::from_millis(20),
-            "an admission took {:?}",
-            t.slowest
-        );
+        assert!(t.slowest < SLOW, "an admission took {:?}", t.slowest);
     }
     for n in &shared {
         let st = n.shared.as_ref().unwrap().stats();
@@ -350,7 +349,7 @@ async fn kill_and_restart(mode: FailureMode) -> (f64, BTreeMap<&'static str, u64
     }
     for t in &tallies {
         assert!(
-            t.slowest < Duration::from_millis(20),
+            t.slowest < SLOW,
             "{mode:?}: an admission took {:?}",
             t.slowest
         );
@@ -369,6 +368,7 @@ async fn kill_and_restart(mode: FailureMode) -> (f64, BTreeMap<&'static str, u64
         killed + Duration::from_millis(1600),
     );
     let away_rate = rate(&tallies, away, window);
+    let slowest = tallies.iter().map(|t| t.slowest).max();
 
     // Redis is back (empty): every node returns to shared mode by itself.
     redis.restart();
@@ -392,7 +392,7 @@ async fn kill_and_restart(mode: FailureMode) -> (f64, BTreeMap<&'static str, u64
     );
     let after = rate(&tallies, windows, window);
     eprintln!(
-        "{mode:?}: switched {switched:?}; away {away_rate:.0}/s, refused {refused:?}; back in {resumed:?}, then {after:.0}/s"
+        "{mode:?}: switched {switched:?}; slowest admission {slowest:?}; away {away_rate:.0}/s, refused {refused:?}; back in {resumed:?}, then {after:.0}/s"
     );
     assert!(
         (0.6 * BUDGET..=1.05 * BUDGET).contains(&after),
