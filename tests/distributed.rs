@@ -563,7 +563,7 @@ async fn a_node_without_a_proposal_yet_never_lowers_the_cluster_rate() {
         .get_connection()
         .unwrap();
     let proposals: BTreeMap<String, String> = redis::cmd("HGETALL")
-        .arg("{test-1-100:global}:proposals")
+        .arg("{test-1-100}:global:proposals")
         .query(&mut con)
         .unwrap();
     assert_eq!(

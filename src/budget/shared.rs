@@ -4,13 +4,11 @@
 use super::{Budget, TenantState};
 use crate::rejection::{Reason, Rejection, Scope};
 
-/// The windows an admitted call's cost was spent from, to refund into.
+/// What an admitted call spent from the cluster's leases, to refund.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Leased {
     #[cfg(feature = "redis")]
-    global: Option<u64>,
-    #[cfg(feature = "redis")]
-    tenant: Option<u64>,
+    spent: crate::distributed::Spent,
 }
 
 /// A refusal before it is a [`Rejection`]: reason, scope, wait in nanoseconds.
@@ -55,39 +53,23 @@ impl Budget {
         tenant: Option<&TenantState>,
         cost: u64,
     ) -> Result<Leased, Refusal> {
+        use crate::distributed::Refused;
         let (true, Some(shared)) = (leasing, &self.inner.shared) else {
             return Ok(Leased::default());
         };
-        let global = shared
-            .spend(shared.global(), cost)
-            .map_err(|wait| (Reason::GlobalBudgetExceeded, Scope::Global, wait))?;
-        let tenant = match tenant.and_then(|t| t.lease.as_ref()) {
-            None => None,
-            Some(lease) => match shared.spend(lease, cost) {
-                Ok(window) => window,
-                Err(wait) => {
-                    if let Some(window) = global {
-                        shared.global().refund(window, cost);
-                    }
-                    return Err((Reason::TenantBudgetExceeded, Scope::Tenant, wait));
-                }
-            },
-        };
-        Ok(Leased { global, tenant })
+        match shared.spend(tenant.and_then(|t| t.lease.as_ref()), cost) {
+            Ok(spent) => Ok(Leased { spent }),
+            Err(Refused::Global(wait)) => Err((Reason::GlobalBudgetExceeded, Scope::Global, wait)),
+            Err(Refused::Tenant(wait)) => Err((Reason::TenantBudgetExceeded, Scope::Tenant, wait)),
+        }
     }
 
     /// Gives a refused call's leased cost back to this node's leases (lost if the window has
     /// ended).
     pub(super) fn refund_leases(&self, leased: Leased, tenant: Option<&TenantState>, cost: u64) {
-        let Some(shared) = &self.inner.shared else {
-            return;
-        };
-        if let Some(window) = leased.global {
-            shared.global().refund(window, cost);
-        }
-        if let (Some(window), Some(lease)) = (leased.tenant, tenant.and_then(|t| t.lease.as_ref()))
-        {
-            lease.refund(window, cost);
+        if let Some(shared) = &self.inner.shared {
+            let lease = tenant.and_then(|t| t.lease.as_deref());
+            shared.refund(lease, leased.spent, cost);
         }
     }
 

@@ -213,6 +213,20 @@ impl Lease {
         }
     }
 
+    /// Whether a request for `target` sent anyway (for another scope) should ask for this
+    /// scope too: the next window is not held yet, or this window's lease is cold, or below
+    /// half of the last grant and not exhausted.
+    pub fn could_use(&self, window: u64, target: Target) -> bool {
+        match target {
+            Target::Next => self.remaining(window + 1).is_none(),
+            Target::Current => match self.remaining(window) {
+                None => true,
+                Some((_, true)) => false,
+                Some((left, false)) => left < self.last_grant.load(Ordering::Relaxed) / 2,
+            },
+        }
+    }
+
     /// Claims the right to send this scope's one request in flight; `false` if one is.
     pub fn begin_request(&self) -> bool {
         !self.asking.swap(true, Ordering::AcqRel)
@@ -318,6 +332,28 @@ mod tests {
             None,
             "exhausted: only the next window helps"
         );
+    }
+
+    #[test]
+    fn could_use_rides_along_from_half_the_last_grant() {
+        let lease = Lease::new();
+        assert!(lease.could_use(1, Target::Current), "cold");
+        assert!(lease.could_use(1, Target::Next), "next not held");
+        lease.grant(1, 100, false);
+        for _ in 0..60 {
+            lease.spend(1, 1);
+        }
+        assert_eq!(
+            lease.wants(1, 400, 50),
+            None,
+            "40 left: not below a quarter"
+        );
+        assert!(
+            lease.could_use(1, Target::Current),
+            "40 < 50: worth asking along"
+        );
+        lease.grant(2, 10, false);
+        assert!(!lease.could_use(1, Target::Next), "next already held");
     }
 
     #[test]

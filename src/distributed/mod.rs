@@ -77,6 +77,6 @@ mod store;
 
 pub use config::{DistributedConfig, FailureMode};
 #[cfg(feature = "redis")]
-pub(crate) use shared::{Gate, ScopeLease};
+pub(crate) use shared::{Gate, Refused, ScopeLease, Spent};
 #[cfg(feature = "redis")]
 pub use shared::{SharedBudget, SharedMode, SharedStats};

@@ -9,7 +9,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
 use super::lease::{Lease, Sizer, Spend, Target, WindowClock};
-use super::store::{Combine, LeaseCall, Reply, Store, StoreError};
+use super::store::{Combine, LeaseCall, Reply, ScopeCall, Store, StoreError};
 use super::{DistributedConfig, FailureMode};
 use crate::metrics;
 
@@ -48,6 +48,9 @@ pub struct SharedStats {
     pub errors: u64,
     /// `NOSCRIPT` answers retried as `EVAL`.
     pub noscript: u64,
+    /// Calls admitted on credit: the first call of a window the node had no lease for yet
+    /// (claimed with the next request; at most one per window and lease).
+    pub credits: u64,
 }
 
 /// One scope's lease on this node (the global budget, or one tenant's share), with the keys
@@ -65,12 +68,13 @@ pub(crate) struct ScopeLease {
 }
 
 impl ScopeLease {
-    fn new(tag: &str, combine: Combine, label: &'static str, rate: f64) -> Self {
+    /// A scope whose keys are `<base>:windows` and `<base>:proposals`.
+    fn new(base: &str, combine: Combine, label: &'static str, rate: f64) -> Self {
         ScopeLease {
             lease: Lease::new(),
             sizer: Mutex::new(Sizer::default()),
-            window_key: format!("{{{tag}}}:windows"),
-            proposals_key: format!("{{{tag}}}:proposals"),
+            window_key: format!("{base}:windows"),
+            proposals_key: format!("{base}:proposals"),
             combine,
             label,
             proposal: AtomicU64::new(rate.to_bits()),
@@ -88,10 +92,33 @@ impl ScopeLease {
         Some(f64::from_bits(self.proposal.load(Ordering::Relaxed))).filter(|r| !r.is_nan())
     }
 
-    /// Gives back units spent from window `window` (a later stage refused the call).
-    pub(crate) fn refund(&self, window: u64, units: u64) {
-        self.lease.refund(window, units);
+    /// This scope's part of a lease call, asking for `want` units.
+    fn call(&self, want: u64) -> ScopeCall<'_> {
+        ScopeCall {
+            window_key: &self.window_key,
+            proposals_key: &self.proposals_key,
+            want,
+            rate: self.proposal(),
+            combine: self.combine,
+        }
     }
+}
+
+/// The windows an admitted call spent its leases from (`None`: nothing to refund: no such
+/// lease, or admitted on credit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Spent {
+    global: Option<u64>,
+    tenant: Option<u64>,
+}
+
+/// Which lease refused a call, and the nanoseconds until it could be admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The global lease.
+    Global(u64),
+    /// The tenant's lease.
+    Tenant(u64),
 }
 
 /// What admission does now.
@@ -140,6 +167,7 @@ struct Inner {
     lease_requests: AtomicU64,
     granted: AtomicU64,
     errors: AtomicU64,
+    credits: AtomicU64,
 }
 
 impl Drop for Inner {
@@ -160,13 +188,6 @@ impl std::fmt::Debug for SharedBudget {
 
 const SHARED: u8 = 1;
 const FALLBACK: u8 = 0;
-
-/// Escapes a tenant name for a key's hash tag: `{` and `}` would end the tag early.
-fn escape(name: &str) -> String {
-    name.replace('%', "%25")
-        .replace('{', "%7B")
-        .replace('}', "%7D")
-}
 
 impl SharedBudget {
     /// A node of the cluster described by `config`: validates it and starts connecting in the
@@ -190,7 +211,7 @@ impl SharedBudget {
             inner: Arc::new(Inner {
                 clock: WindowClock::new(config.lease_window),
                 global: Arc::new(ScopeLease::new(
-                    &format!("{prefix}:global"),
+                    &format!("{{{prefix}}}:global"),
                     Combine::Min,
                     "global",
                     f64::NAN, // none until the budget proposes one
@@ -214,6 +235,7 @@ impl SharedBudget {
                 lease_requests: AtomicU64::new(0),
                 granted: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
+                credits: AtomicU64::new(0),
             }),
         };
         shared.emit_mode();
@@ -273,6 +295,7 @@ impl SharedBudget {
             granted: i.granted.load(Ordering::Relaxed),
             errors: i.errors.load(Ordering::Relaxed),
             noscript: i.store.noscript.load(Ordering::Relaxed),
+            credits: i.credits.load(Ordering::Relaxed),
         }
     }
 
@@ -285,10 +308,12 @@ impl SharedBudget {
         &self.inner.global
     }
 
-    /// A new lease for tenant `name`'s share.
+    /// A new lease for tenant `name`'s share. Its keys carry the cluster's hash tag (the
+    /// name follows it, so braces in it do not matter): one script call can serve the
+    /// global lease and the tenant's at once, on one Redis Cluster slot.
     pub(crate) fn tenant(&self, name: &str, rate: f64) -> Arc<ScopeLease> {
-        let tag = format!("{}:tenant:{}", self.inner.prefix, escape(name));
-        Arc::new(ScopeLease::new(&tag, Combine::Max, "tenant", rate))
+        let base = format!("{{{}}}:tenant:{name}", self.inner.prefix);
+        Arc::new(ScopeLease::new(&base, Combine::Max, "tenant", rate))
     }
 
     /// What admission does now.
@@ -322,95 +347,164 @@ impl SharedBudget {
         self.inner.changed.swap(false, Ordering::AcqRel)
     }
 
-    /// Spends `cost` units of `scope`'s lease for the current window: `Ok(Some(window))` to
-    /// refund into, `Ok(None)` when admitted on credit (claimed from Redis whatever happens
-    /// next, so nothing to refund), or `Err(wait_ns)`. Never waits: when the lease runs low,
-    /// or the window nears its end, it starts the scope's one request in the background.
-    pub(crate) fn spend(&self, scope: &Arc<ScopeLease>, cost: u64) -> Result<Option<u64>, u64> {
+    /// Spends `cost` units from the global lease, then from `tenant`'s, for the current
+    /// window. Never waits: when a lease runs low, or the window nears its end, one request in
+    /// the background asks for both (each scope at most one request in flight). On a refusal
+    /// nothing stays spent.
+    pub(crate) fn spend(
+        &self,
+        tenant: Option<&Arc<ScopeLease>>,
+        cost: u64,
+    ) -> Result<Spent, Refused> {
         let now = self.now_us();
         let timeout_us = u64::try_from(self.inner.config.timeout.as_micros()).unwrap_or(0);
         let Some(window) = self.inner.clock.index(now) else {
-            return Err(timeout_us * 1_000);
+            return Err(Refused::Global(timeout_us * 1_000));
         };
         let until_end = self.inner.clock.until_end(window, now);
-        let spent = scope.lease.spend(window, cost);
-        let margin = timeout_us.min(self.inner.clock.window_us() / 10);
-        if let Some(target) = scope.lease.wants(window, until_end, margin) {
-            self.request(scope, target, window);
+        let wait = |short: Spend| match short {
+            Spend::Short { exhausted: true } => until_end.max(1) * 1_000,
+            _ => until_end.clamp(1, timeout_us) * 1_000,
+        };
+        let global = &self.inner.global;
+        let result = match global.lease.spend(window, cost) {
+            s @ Spend::Short { .. } => Err(Refused::Global(wait(s))),
+            g => {
+                let global_window = (g == Spend::Leased).then_some(window);
+                match tenant.map(|t| t.lease.spend(window, cost)) {
+                    Some(s @ Spend::Short { .. }) => {
+                        if let Some(w) = global_window {
+                            global.lease.refund(w, cost);
+                        }
+                        Err(Refused::Tenant(wait(s)))
+                    }
+                    t => Ok(Spent {
+                        global: global_window,
+                        tenant: (t == Some(Spend::Leased)).then_some(window),
+                    }),
+                }
+            }
+        };
+        if let Ok(spent) = result {
+            let credits = u64::from(spent.global.is_none())
+                + u64::from(tenant.is_some() && spent.tenant.is_none());
+            if credits > 0 {
+                self.inner.credits.fetch_add(credits, Ordering::Relaxed);
+            }
         }
-        match spent {
-            Spend::Leased => Ok(Some(window)),
-            Spend::Credit => Ok(None),
-            Spend::Short { exhausted: true } => Err(until_end.max(1) * 1_000),
-            Spend::Short { exhausted: false } => Err(until_end.clamp(1, timeout_us) * 1_000),
+        self.refill(tenant, window, until_end);
+        result
+    }
+
+    /// Gives back what [`spend`](Self::spend) took (a later stage refused the call); lost for
+    /// a window that has ended, and nothing for a call admitted on credit.
+    pub(crate) fn refund(&self, tenant: Option<&ScopeLease>, spent: Spent, cost: u64) {
+        if let Some(window) = spent.global {
+            self.inner.global.lease.refund(window, cost);
+        }
+        if let (Some(window), Some(t)) = (spent.tenant, tenant) {
+            t.lease.refund(window, cost);
         }
     }
 
-    fn request(&self, scope: &Arc<ScopeLease>, target: Target, window: u64) {
-        if !scope.lease.begin_request() {
+    /// Sends one request for every scope that wants more, plus the other scope when it would
+    /// soon (below half its last grant): one round trip serves both.
+    fn refill(&self, tenant: Option<&Arc<ScopeLease>>, window: u64, until_end: u64) {
+        let timeout_us = u64::try_from(self.inner.config.timeout.as_micros()).unwrap_or(0);
+        let margin = timeout_us.min(self.inner.clock.window_us() / 10);
+        let global = &self.inner.global;
+        let wants_global = global.lease.wants(window, until_end, margin);
+        let wants_tenant = tenant.and_then(|t| t.lease.wants(window, until_end, margin));
+        let Some(target) = wants_global.or(wants_tenant) else {
+            return;
+        };
+        let mut scopes = Vec::with_capacity(2);
+        let mut add = |scope: &Arc<ScopeLease>, wants: bool| {
+            if (wants || scope.lease.could_use(window, target)) && scope.lease.begin_request() {
+                scopes.push(scope.clone());
+            }
+        };
+        add(global, wants_global.is_some());
+        if let Some(t) = tenant {
+            add(t, wants_tenant.is_some());
+        }
+        if scopes.is_empty() {
             return;
         }
         let this = self.clone();
-        let scope = scope.clone();
         self.inner.handle.spawn(async move {
-            this.lease(&scope, target, window).await;
-            scope.lease.end_request();
+            this.lease(&scopes, target, window).await;
+            for scope in &scopes {
+                scope.lease.end_request();
+            }
         });
     }
 
-    async fn lease(&self, scope: &ScopeLease, target: Target, window: u64) {
+    async fn lease(&self, scopes: &[Arc<ScopeLease>], target: Target, window: u64) {
         let inner = &*self.inner;
         let sent = self.now_us();
-        let debt = scope.lease.take_debt();
         let span = match target {
             Target::Current => inner.clock.until_end(window, sent),
             Target::Next => inner.clock.window_us(),
         };
-        let demand = scope.lease.take_demand();
-        let want = scope
-            .sizer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .size(demand, sent, span, 1)
-            + debt;
+        let mut debts = Vec::with_capacity(scopes.len());
+        let mut calls = Vec::with_capacity(scopes.len());
+        for scope in scopes {
+            let debt = scope.lease.take_debt();
+            let demand = scope.lease.take_demand();
+            let want = scope
+                .sizer
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .size(demand, sent, span, 1)
+                + debt;
+            debts.push(debt);
+            calls.push(scope.call(want));
+            ::metrics::counter!(metrics::SHARED_LEASE_REQUESTS, "scope" => scope.label)
+                .increment(1);
+        }
         inner.lease_requests.fetch_add(1, Ordering::Relaxed);
-        ::metrics::counter!(metrics::SHARED_LEASE_REQUESTS, "scope" => scope.label).increment(1);
-        if let Some(reply) = self.call(scope, want, target == Target::Next).await {
-            let credit = reply.granted.saturating_sub(debt);
-            scope.lease.grant(reply.window, credit, reply.exhausted);
-            inner.granted.fetch_add(reply.granted, Ordering::Relaxed);
+        let Some(reply) = self.call(calls, target == Target::Next).await else {
+            return;
+        };
+        for ((scope, grant), debt) in scopes.iter().zip(&reply.grants).zip(debts) {
+            scope.lease.grant(
+                reply.window,
+                grant.granted.saturating_sub(debt),
+                grant.exhausted,
+            );
+            inner.granted.fetch_add(grant.granted, Ordering::Relaxed);
             ::metrics::counter!(metrics::SHARED_GRANTED, "scope" => scope.label)
-                .increment(reply.granted);
+                .increment(grant.granted);
         }
     }
 
-    /// One script call for `scope`: counts it, learns the clock, the shared rate and the
-    /// mode from the answer.
-    async fn call(&self, scope: &ScopeLease, want: u64, next: bool) -> Option<Reply> {
+    /// One script call: counts it, learns the clock, the shared rate and the mode from the
+    /// answer. The global scope, when present, comes first.
+    async fn call(&self, scopes: Vec<ScopeCall<'_>>, next: bool) -> Option<Reply> {
         let inner = &*self.inner;
         let c = &inner.config;
         let sent = self.now_us();
-        let rate = scope.proposal();
+        let global = scopes
+            .first()
+            .filter(|s| std::ptr::eq(s.window_key, inner.global.window_key.as_str()))
+            .map(|s| s.rate);
         let call = LeaseCall {
-            window_key: &scope.window_key,
-            proposals_key: &scope.proposals_key,
             node: &inner.node,
-            want,
-            rate,
             window_us: inner.clock.window_us(),
             ttl_us: u64::try_from(c.proposal_ttl.as_micros()).unwrap_or(u64::MAX),
-            combine: scope.combine,
             next,
+            scopes,
         };
         inner.round_trips.fetch_add(1, Ordering::Relaxed);
         match inner.store.lease(&call).await {
             Ok(reply) => {
                 inner.clock.observe(sent, reply.redis_us);
-                if std::ptr::eq(scope, &*inner.global) {
-                    let shared = reply.rate_milli as f64 / 1000.0;
+                if let (Some(proposed), Some(grant)) = (global, reply.grants.first()) {
+                    let shared = grant.rate_milli as f64 / 1000.0;
                     inner.rate.store(shared.to_bits(), Ordering::Relaxed);
-                    inner.nodes.store(reply.nodes, Ordering::Relaxed);
-                    if let Some(rate) = rate {
+                    inner.nodes.store(grant.nodes, Ordering::Relaxed);
+                    if let Some(rate) = proposed {
                         inner.published_at.store(sent, Ordering::Relaxed);
                         inner.published.store(rate.to_bits(), Ordering::Relaxed);
                     }
@@ -424,6 +518,12 @@ impl SharedBudget {
                 None
             }
         }
+    }
+
+    /// Sends the global proposal alone (asking for nothing); whether Redis answered.
+    async fn publish_now(&self) -> bool {
+        let global = &self.inner.global;
+        self.call(vec![global.call(0)], false).await.is_some()
     }
 
     fn failed(&self, _error: &StoreError) {
@@ -483,7 +583,7 @@ impl SharedBudget {
         }
         let this = self.clone();
         self.inner.handle.spawn(async move {
-            this.call(&this.inner.global, 0, false).await;
+            this.publish_now().await;
             this.inner.publishing.store(false, Ordering::Release);
         });
     }
@@ -507,7 +607,7 @@ async fn reconnect(weak: Weak<Inner>, down: Arc<Notify>) {
             continue;
         }
         let ok = match shared.inner.store.connect().await {
-            Ok(()) => shared.call(&shared.inner.global, 0, false).await.is_some(),
+            Ok(()) => shared.publish_now().await,
             Err(e) => {
                 shared.failed(&e);
                 false

@@ -5,7 +5,7 @@
 //! `SCRIPT FLUSH`, a failover to a replica that never saw it) the same call is sent once more
 //! as `EVAL` with the script's text, which both runs it and caches it again. `EVAL` is routed
 //! by its keys, so this works on Redis Cluster too (unlike `SCRIPT LOAD`, which goes to one
-//! node). Both keys of a call share one hash tag: one slot.
+//! node). Every key of a cluster shares one hash tag: one slot per call.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -14,66 +14,81 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, ServerErrorKind, Value};
 
-/// The lease script. Keys: the scope's window counters (a hash: window index -> units
-/// granted) and its proposals (a hash: node -> "rate time_us"). Arguments: node, units
-/// wanted, the node's proposed rate (units/s, or `-` for none yet), window (µs), proposal TTL (µs), how proposals
-/// combine (`min` or `max`), and 1 to ask for the next window instead of the current one.
+/// The lease script, for one or two scopes of one node in one call (the global budget, and
+/// the tenant of the call that asked). Keys: per scope, its window counters (a hash: window
+/// index -> units granted) and its proposals (a hash: node -> "rate time_us"); every key of a
+/// cluster shares one hash tag, so a call touches one slot. Arguments: node, window (µs),
+/// proposal TTL (µs), 1 to ask for the next window instead of the current one, then per
+/// scope: units wanted, the node's proposed rate (units/s, or `-` for none yet), and how
+/// proposals combine (`min` or `max`).
 ///
-/// It records the proposal, drops stale ones, takes the shared rate (the minimum or maximum
-/// of the fresh proposals), and grants `min(wanted, left in the window, limit / nodes)`,
-/// rounded up, where the window's limit is its part of `rate x time`: the whole units of
-/// `rate x window`, plus one in the windows where the fractions carried so far add up to one
-/// (computed from the fraction alone, so the arithmetic stays exact in Lua's doubles).
-/// Redis's clock decides the window, so every node agrees.
+/// Per scope it records the proposal, drops stale ones, takes the shared rate (the minimum
+/// or maximum of the fresh proposals), and grants `min(wanted, left in the window,
+/// limit / nodes)`, rounded up, where the window's limit is its part of `rate x time`: the
+/// whole units of `rate x window`, plus one in the windows where the fractions carried so far
+/// add up to one (computed from the fraction alone, so the arithmetic stays exact in Lua's
+/// doubles). Redis's clock decides the window, so every node agrees.
 pub(crate) const LEASE_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local want, rate = tonumber(ARGV[2]), tonumber(ARGV[3])
-local window, ttl, agg = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
-local idx = math.floor(now / window) + tonumber(ARGV[7])
-if ARGV[3] ~= '-' then
-  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. string.format('%.0f', now))
-end
-local shared, nodes = nil, 0
-local all = redis.call('HGETALL', KEYS[2])
-for i = 1, #all, 2 do
-  local r, at = string.match(all[i + 1], '^(%S+) (%S+)$')
-  r, at = tonumber(r), tonumber(at)
-  if r and at and now - at <= ttl then
-    nodes = nodes + 1
-    if shared == nil or (agg == 'min' and r < shared) or (agg ~= 'min' and r > shared) then
-      shared = r
-    end
-  else
-    redis.call('HDEL', KEYS[2], all[i])
-  end
-end
-redis.call('PEXPIRE', KEYS[2], math.ceil(ttl / 1000) * 2)
-if shared == nil then
-  return {0, idx, now, 0, 0, 1}
-end
-local per = shared * window / 1000000
-local whole = math.floor(per)
-local frac = per - whole
-local limit = whole + math.floor(frac * (idx + 1)) - math.floor(frac * idx)
+local node, window, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local idx = math.floor(now / window) + tonumber(ARGV[4])
 local field = string.format('%.0f', idx)
-local used = tonumber(redis.call('HGET', KEYS[1], field) or '0')
-local left = math.max(0, limit - used)
-local grant = math.max(0, math.min(want, left, math.ceil(limit / nodes)))
-if grant > 0 then
-  redis.call('HINCRBY', KEYS[1], field, grant)
-end
-for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
-  if tonumber(f) < idx - 1 then
-    redis.call('HDEL', KEYS[1], f)
+local out = {idx, now}
+for s = 0, #KEYS / 2 - 1 do
+  local wkey, pkey = KEYS[2 * s + 1], KEYS[2 * s + 2]
+  local want, rate, agg = tonumber(ARGV[5 + 3 * s]), ARGV[6 + 3 * s], ARGV[7 + 3 * s]
+  if rate ~= '-' then
+    redis.call('HSET', pkey, node, rate .. ' ' .. string.format('%.0f', now))
+  end
+  local shared, nodes = nil, 0
+  local all = redis.call('HGETALL', pkey)
+  for i = 1, #all, 2 do
+    local r, at = string.match(all[i + 1], '^(%S+) (%S+)$')
+    r, at = tonumber(r), tonumber(at)
+    if r and at and now - at <= ttl then
+      nodes = nodes + 1
+      if shared == nil or (agg == 'min' and r < shared) or (agg ~= 'min' and r > shared) then
+        shared = r
+      end
+    else
+      redis.call('HDEL', pkey, all[i])
+    end
+  end
+  redis.call('PEXPIRE', pkey, math.ceil(ttl / 1000) * 2)
+  if shared == nil then
+    table.insert(out, 0)
+    table.insert(out, 0)
+    table.insert(out, 0)
+    table.insert(out, 1)
+  else
+    local per = shared * window / 1000000
+    local whole = math.floor(per)
+    local frac = per - whole
+    local limit = whole + math.floor(frac * (idx + 1)) - math.floor(frac * idx)
+    local used = tonumber(redis.call('HGET', wkey, field) or '0')
+    local left = math.max(0, limit - used)
+    local grant = math.max(0, math.min(want, left, math.ceil(limit / nodes)))
+    if grant > 0 then
+      redis.call('HINCRBY', wkey, field, grant)
+    end
+    for _, f in ipairs(redis.call('HKEYS', wkey)) do
+      if tonumber(f) < idx - 1 then
+        redis.call('HDEL', wkey, f)
+      end
+    end
+    redis.call('PEXPIRE', wkey, math.ceil(window / 1000) * 4)
+    local exhausted = 0
+    if left - grant <= 0 then
+      exhausted = 1
+    end
+    table.insert(out, grant)
+    table.insert(out, math.floor(shared * 1000))
+    table.insert(out, nodes)
+    table.insert(out, exhausted)
   end
 end
-redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000) * 4)
-local exhausted = 0
-if left - grant <= 0 then
-  exhausted = 1
-end
-return {grant, idx, now, math.floor(shared * 1000), nodes, exhausted}
+return out
 ";
 
 /// How the proposals of one scope combine into its shared rate.
@@ -86,31 +101,44 @@ pub(crate) enum Combine {
     Max,
 }
 
-/// One lease call.
+/// One scope of a lease call.
 #[derive(Debug, Clone)]
-pub(crate) struct LeaseCall<'a> {
+pub(crate) struct ScopeCall<'a> {
     pub(crate) window_key: &'a str,
     pub(crate) proposals_key: &'a str,
-    pub(crate) node: &'a str,
     pub(crate) want: u64,
     /// The node's proposal; `None` before it has one (it is then not recorded).
     pub(crate) rate: Option<f64>,
-    pub(crate) window_us: u64,
-    pub(crate) ttl_us: u64,
     pub(crate) combine: Combine,
-    pub(crate) next: bool,
 }
 
-/// What the script answered.
+/// One lease call: one or two scopes, one round trip.
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseCall<'a> {
+    pub(crate) node: &'a str,
+    pub(crate) window_us: u64,
+    pub(crate) ttl_us: u64,
+    pub(crate) next: bool,
+    pub(crate) scopes: Vec<ScopeCall<'a>>,
+}
+
+/// What the script answered for one scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Reply {
+pub(crate) struct Grant {
     pub(crate) granted: u64,
-    pub(crate) window: u64,
-    pub(crate) redis_us: u64,
     /// The shared rate in thousandths of a unit per second.
     pub(crate) rate_milli: u64,
     pub(crate) nodes: u32,
     pub(crate) exhausted: bool,
+}
+
+/// What the script answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reply {
+    pub(crate) window: u64,
+    pub(crate) redis_us: u64,
+    /// One per scope, in the call's order.
+    pub(crate) grants: Vec<Grant>,
 }
 
 /// Why a call failed.
@@ -205,7 +233,7 @@ impl Store {
             return Err(StoreError::Down);
         };
         let result = match tokio::time::timeout(self.timeout, self.run(&mut conn, call)).await {
-            Ok(Ok(value)) => parse(&value).ok_or_else(|| {
+            Ok(Ok(value)) => parse(&value, call.scopes.len()).ok_or_else(|| {
                 StoreError::Redis(RedisError::from((
                     ErrorKind::UnexpectedReturnType,
                     "lease script answer",
@@ -228,23 +256,25 @@ impl Store {
     ) -> Result<Value, RedisError> {
         let script = |verb: &str, body: &str| {
             let mut cmd = redis::cmd(verb);
-            cmd.arg(body)
-                .arg(2)
-                .arg(call.window_key)
-                .arg(call.proposals_key)
-                .arg(call.node)
-                .arg(call.want)
-                .arg(match call.rate {
-                    Some(rate) => format!("{rate}"),
-                    None => "-".to_owned(),
-                })
+            cmd.arg(body).arg(call.scopes.len() * 2);
+            for scope in &call.scopes {
+                cmd.arg(scope.window_key).arg(scope.proposals_key);
+            }
+            cmd.arg(call.node)
                 .arg(call.window_us)
                 .arg(call.ttl_us)
-                .arg(match call.combine {
-                    Combine::Min => "min",
-                    Combine::Max => "max",
-                })
                 .arg(u8::from(call.next));
+            for scope in &call.scopes {
+                cmd.arg(scope.want)
+                    .arg(match scope.rate {
+                        Some(rate) => format!("{rate}"),
+                        None => "-".to_owned(),
+                    })
+                    .arg(match scope.combine {
+                        Combine::Min => "min",
+                        Combine::Max => "max",
+                    });
+            }
             cmd
         };
         match script("EVALSHA", &self.hash).query_async(conn).await {
@@ -257,7 +287,7 @@ impl Store {
     }
 }
 
-fn parse(value: &Value) -> Option<Reply> {
+fn parse(value: &Value, scopes: usize) -> Option<Reply> {
     let Value::Array(items) = value else {
         return None;
     };
@@ -265,12 +295,23 @@ fn parse(value: &Value) -> Option<Reply> {
         Value::Int(n) => u64::try_from(*n).ok(),
         _ => None,
     };
+    if items.len() != 2 + 4 * scopes {
+        return None;
+    }
+    let grants = (0..scopes)
+        .map(|s| {
+            let at = 2 + 4 * s;
+            Some(Grant {
+                granted: int(at)?,
+                rate_milli: int(at + 1)?,
+                nodes: u32::try_from(int(at + 2)?).ok()?,
+                exhausted: int(at + 3)? != 0,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
     Some(Reply {
-        granted: int(0)?,
-        window: int(1)?,
-        redis_us: int(2)?,
-        rate_milli: int(3)?,
-        nodes: u32::try_from(int(4)?).ok()?,
-        exhausted: int(5)? != 0,
+        window: int(0)?,
+        redis_us: int(1)?,
+        grants,
     })
 }
