@@ -57,8 +57,9 @@ pub struct DistributedConfig {
     /// The Redis URL (`redis://host:port/db`, `rediss://...`, `unix:///path`). Default
     /// `redis://127.0.0.1:6379`.
     pub url: String,
-    /// Prefix of every key (`{<prefix>:global}:...`, `{<prefix>:tenant:<name>}:...`): one
-    /// cluster of stormgate nodes per prefix. Default `stormgate`.
+    /// Prefix and hash tag of every key (`{<prefix>}:global:...`,
+    /// `{<prefix>}:tenant:<name>:...`): one cluster of stormgate nodes per prefix. Default
+    /// `stormgate`.
     pub prefix: String,
     /// This node's name among the cluster's proposals. Default: `node-<pid>-<random>`, new
     /// on each start. Two nodes must never share one.

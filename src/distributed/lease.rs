@@ -227,6 +227,12 @@ impl Lease {
         }
     }
 
+    /// Counts `cost` units of demand without spending (a call refused before this lease was
+    /// tried still tells how much this scope is asked for).
+    pub fn note_demand(&self, cost: u64) {
+        self.demand.fetch_add(cost, Ordering::Relaxed);
+    }
+
     /// Claims the right to send this scope's one request in flight; `false` if one is.
     pub fn begin_request(&self) -> bool {
         !self.asking.swap(true, Ordering::AcqRel)

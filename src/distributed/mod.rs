@@ -29,11 +29,12 @@
 //!   others when its proposal is a second old. A tenant's rate is the **maximum** of the
 //!   fresh proposals of its share (the node that sees most of its demand knows its share
 //!   best); the global lease still caps the sum.
-//! * **Keys** carry the `prefix` and a hash tag, so each script call touches one slot and works
-//!   on Redis Cluster: `{stormgate:global}:windows` (hash: window index -> units granted),
-//!   `{stormgate:global}:proposals` (hash: node -> "rate time_us"), and the same under
-//!   `{stormgate:tenant:<name>}` (`{`, `}` and `%` in names percent-encoded). Every key
-//!   expires on its own when no node uses it.
+//! * **Keys** all carry the cluster's `prefix` as their hash tag, so every script call touches
+//!   one slot and works on Redis Cluster: `{stormgate}:global:windows` (hash: window index ->
+//!   units granted), `{stormgate}:global:proposals` (hash: node -> "rate time_us"), and the
+//!   same under `{stormgate}:tenant:<name>`. One call can thus lease the global budget and a
+//!   tenant's share together: a request sent for one takes the other along when it is below
+//!   half its last grant. Every key expires on its own when no node uses it.
 //! * **What stays local.** The local GCRA buckets still smooth each node's admissions; the
 //!   guaranteed per-tenant minimum is per node; session windows and the session guard stay
 //!   local (an MCP session is sticky to one node); the kill switch's fixed limits are per

@@ -63,13 +63,15 @@ pub(crate) struct ScopeLease {
     proposals_key: String,
     combine: Combine,
     label: &'static str,
+    /// How long a proposal counts, µs.
+    ttl_us: u64,
     /// This node's proposed rate, f64 bits.
     proposal: AtomicU64,
 }
 
 impl ScopeLease {
     /// A scope whose keys are `<base>:windows` and `<base>:proposals`.
-    fn new(base: &str, combine: Combine, label: &'static str, rate: f64) -> Self {
+    fn new(base: &str, combine: Combine, label: &'static str, ttl: Duration, rate: f64) -> Self {
         ScopeLease {
             lease: Lease::new(),
             sizer: Mutex::new(Sizer::default()),
@@ -77,6 +79,7 @@ impl ScopeLease {
             proposals_key: format!("{base}:proposals"),
             combine,
             label,
+            ttl_us: u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
             proposal: AtomicU64::new(rate.to_bits()),
         }
     }
@@ -100,6 +103,7 @@ impl ScopeLease {
             want,
             rate: self.proposal(),
             combine: self.combine,
+            ttl_us: self.ttl_us,
         }
     }
 }
@@ -214,6 +218,7 @@ impl SharedBudget {
                     &format!("{{{prefix}}}:global"),
                     Combine::Min,
                     "global",
+                    config.proposal_ttl,
                     f64::NAN, // none until the budget proposes one
                 )),
                 config,
@@ -313,7 +318,11 @@ impl SharedBudget {
     /// global lease and the tenant's at once, on one Redis Cluster slot.
     pub(crate) fn tenant(&self, name: &str, rate: f64) -> Arc<ScopeLease> {
         let base = format!("{{{}}}:tenant:{name}", self.inner.prefix);
-        Arc::new(ScopeLease::new(&base, Combine::Max, "tenant", rate))
+        let c = &self.inner.config;
+        // A tenant's proposal is refreshed only with its requests (at least one per window
+        // while it is busy), not by the tick: it counts for two windows at least.
+        let ttl = c.proposal_ttl.max(c.lease_window * 2);
+        Arc::new(ScopeLease::new(&base, Combine::Max, "tenant", ttl, rate))
     }
 
     /// What admission does now.
@@ -368,7 +377,13 @@ impl SharedBudget {
         };
         let global = &self.inner.global;
         let result = match global.lease.spend(window, cost) {
-            s @ Spend::Short { .. } => Err(Refused::Global(wait(s))),
+            s @ Spend::Short { .. } => {
+                // The tenant's lease is sized from its demand too, refused here or not.
+                if let Some(t) = tenant {
+                    t.lease.note_demand(cost);
+                }
+                Err(Refused::Global(wait(s)))
+            }
             g => {
                 let global_window = (g == Spend::Leased).then_some(window);
                 match tenant.map(|t| t.lease.spend(window, cost)) {
@@ -483,7 +498,6 @@ impl SharedBudget {
     /// answer. The global scope, when present, comes first.
     async fn call(&self, scopes: Vec<ScopeCall<'_>>, next: bool) -> Option<Reply> {
         let inner = &*self.inner;
-        let c = &inner.config;
         let sent = self.now_us();
         let global = scopes
             .first()
@@ -492,7 +506,6 @@ impl SharedBudget {
         let call = LeaseCall {
             node: &inner.node,
             window_us: inner.clock.window_us(),
-            ttl_us: u64::try_from(c.proposal_ttl.as_micros()).unwrap_or(u64::MAX),
             next,
             scopes,
         };

@@ -18,9 +18,9 @@ use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, ServerErrorKin
 /// the tenant of the call that asked). Keys: per scope, its window counters (a hash: window
 /// index -> units granted) and its proposals (a hash: node -> "rate time_us"); every key of a
 /// cluster shares one hash tag, so a call touches one slot. Arguments: node, window (µs),
-/// proposal TTL (µs), 1 to ask for the next window instead of the current one, then per
-/// scope: units wanted, the node's proposed rate (units/s, or `-` for none yet), and how
-/// proposals combine (`min` or `max`).
+/// 1 to ask for the next window instead of the current one, then per scope: units wanted,
+/// the node's proposed rate (units/s, or `-` for none yet), how proposals combine (`min` or
+/// `max`), and how long a proposal counts (µs).
 ///
 /// Per scope it records the proposal, drops stale ones, takes the shared rate (the minimum
 /// or maximum of the fresh proposals), and grants `min(wanted, left in the window,
@@ -31,22 +31,23 @@ use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, ServerErrorKin
 pub(crate) const LEASE_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local node, window, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local idx = math.floor(now / window) + tonumber(ARGV[4])
+local node, window = ARGV[1], tonumber(ARGV[2])
+local idx = math.floor(now / window) + tonumber(ARGV[3])
 local field = string.format('%.0f', idx)
 local out = {idx, now}
 for s = 0, #KEYS / 2 - 1 do
   local wkey, pkey = KEYS[2 * s + 1], KEYS[2 * s + 2]
-  local want, rate, agg = tonumber(ARGV[5 + 3 * s]), ARGV[6 + 3 * s], ARGV[7 + 3 * s]
+  local at = 4 + 4 * s
+  local want, rate, agg, ttl = tonumber(ARGV[at]), ARGV[at + 1], ARGV[at + 2], tonumber(ARGV[at + 3])
   if rate ~= '-' then
     redis.call('HSET', pkey, node, rate .. ' ' .. string.format('%.0f', now))
   end
   local shared, nodes = nil, 0
   local all = redis.call('HGETALL', pkey)
   for i = 1, #all, 2 do
-    local r, at = string.match(all[i + 1], '^(%S+) (%S+)$')
-    r, at = tonumber(r), tonumber(at)
-    if r and at and now - at <= ttl then
+    local r, seen = string.match(all[i + 1], '^(%S+) (%S+)$')
+    r, seen = tonumber(r), tonumber(seen)
+    if r and seen and now - seen <= ttl then
       nodes = nodes + 1
       if shared == nil or (agg == 'min' and r < shared) or (agg ~= 'min' and r > shared) then
         shared = r
@@ -110,6 +111,8 @@ pub(crate) struct ScopeCall<'a> {
     /// The node's proposal; `None` before it has one (it is then not recorded).
     pub(crate) rate: Option<f64>,
     pub(crate) combine: Combine,
+    /// How long a proposal counts, µs.
+    pub(crate) ttl_us: u64,
 }
 
 /// One lease call: one or two scopes, one round trip.
@@ -117,7 +120,6 @@ pub(crate) struct ScopeCall<'a> {
 pub(crate) struct LeaseCall<'a> {
     pub(crate) node: &'a str,
     pub(crate) window_us: u64,
-    pub(crate) ttl_us: u64,
     pub(crate) next: bool,
     pub(crate) scopes: Vec<ScopeCall<'a>>,
 }
@@ -262,7 +264,6 @@ impl Store {
             }
             cmd.arg(call.node)
                 .arg(call.window_us)
-                .arg(call.ttl_us)
                 .arg(u8::from(call.next));
             for scope in &call.scopes {
                 cmd.arg(scope.want)
@@ -273,7 +274,8 @@ impl Store {
                     .arg(match scope.combine {
                         Combine::Min => "min",
                         Combine::Max => "max",
-                    });
+                    })
+                    .arg(scope.ttl_us);
             }
             cmd
         };
