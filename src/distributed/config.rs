@@ -77,8 +77,9 @@ pub struct DistributedConfig {
     /// Nodes the budget is divided by in `local` failure mode. Default: the number of nodes
     /// that proposed a rate in the last second Redis answered (at least 1).
     pub expected_nodes: Option<u32>,
-    /// How long a node's proposed rate counts (`proposal_ttl_ms`). Default 1000 ms: a node
-    /// that stops proposing (it crashed) stops binding the others a second later.
+    /// How long a node's proposed global rate counts (`proposal_ttl_ms`; a tenant's share:
+    /// at least two lease windows). Default 1000 ms: a node that stops proposing (it crashed)
+    /// stops binding the others a second later.
     #[serde(rename = "proposal_ttl_ms", with = "crate::duration_ms")]
     pub proposal_ttl: Duration,
     /// The longest pause between two reconnection attempts (`max_backoff_ms`); attempts

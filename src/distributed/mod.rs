@@ -28,7 +28,8 @@
 //!   one second for windows up to 900 ms. A node that stops (crashes) stops binding the
 //!   others when its proposal is a second old. A tenant's rate is the **maximum** of the
 //!   fresh proposals of its share (the node that sees most of its demand knows its share
-//!   best); the global lease still caps the sum.
+//!   best), fresh meaning within `max(proposal_ttl, 2 x lease_window)` (a tenant's proposal
+//!   is refreshed by its requests, not by the tick); the global lease still caps the sum.
 //! * **Keys** all carry the cluster's `prefix` as their hash tag, so every script call touches
 //!   one slot and works on Redis Cluster: `{stormgate}:global:windows` (hash: window index ->
 //!   units granted), `{stormgate}:global:proposals` (hash: node -> "rate time_us"), and the
