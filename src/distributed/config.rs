@@ -68,8 +68,9 @@ pub struct DistributedConfig {
     /// At most 1000 ms.
     #[serde(rename = "lease_window_ms", with = "crate::duration_ms")]
     pub lease_window: Duration,
-    /// The longest any call waits for Redis (`timeout_ms`): a call not answered by then
-    /// counts as a failure. Default 50 ms. Admission itself never waits for Redis.
+    /// The longest any script call waits for Redis (`timeout_ms`): a call not answered by
+    /// then counts as a failure. Default 50 ms. Admission itself never waits for Redis; the
+    /// background connection attempts get `max(timeout, 100 ms)` for the handshake.
     #[serde(rename = "timeout_ms", with = "crate::duration_ms")]
     pub timeout: Duration,
     /// What to do while Redis does not answer. Default `local`.
