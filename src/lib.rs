@@ -20,6 +20,8 @@
 //! * [`entropy`]: per-session Shannon entropy, health, storm score and session budgets.
 //! * [`fifo`]: the per-resource FIFO limiter (pacing, concurrency, bounded queue, cooldowns),
 //!   inbound per tool and outbound per host; the only stage that waits.
+//! * [`distributed`] (feature `redis`): the global and tenant budgets shared by a cluster
+//!   through leased windows in Redis.
 //! * [`outcome`]: service time and outcome of every call, learned once for every stage.
 //! * [`Rejection`]: the one refusal every layer returns, rendered as described in
 //!   [`rejection`].
@@ -54,6 +56,7 @@ pub mod classify;
 pub mod control;
 pub mod cost;
 pub mod deadline;
+pub mod distributed;
 mod duration_ms;
 pub mod entropy;
 pub mod fifo;

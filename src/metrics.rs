@@ -40,6 +40,11 @@
 //! | `stormgate_mode` | gauge | `mode` (adaptive, fixed, off) | 1 for the kill switch's current mode, 0 for the others |
 //! | `stormgate_reloads_total` | counter | `result` (ok, invalid) | configuration reloads, by result |
 //! | `stormgate_outcomes_total` | counter | `outcome` | finished calls by outcome (ok, error, timeout, cancelled, client_error) |
+//! | `stormgate_shared_mode` | gauge | `mode` (shared, fallback) | feature `redis`: 1 for the node's current shared-budget mode, 0 for the other |
+//! | `stormgate_shared_rate` | gauge | | feature `redis`: the cluster's global rate (minimum of fresh proposals) at Redis's last answer, cost units per second |
+//! | `stormgate_shared_lease_requests_total` | counter | `scope` (global, tenant) | feature `redis`: lease requests sent to Redis |
+//! | `stormgate_shared_granted_total` | counter | `scope` (global, tenant) | feature `redis`: cost units Redis granted to this node |
+//! | `stormgate_shared_redis_errors_total` | counter | | feature `redis`: Redis calls and connection attempts that failed or timed out |
 
 /// JSON-RPC messages classified, by `kind`.
 pub const MESSAGES: &str = "stormgate_messages_total";
@@ -105,6 +110,16 @@ pub const SESSION_REJECTED: &str = "stormgate_session_rejected_total";
 pub const MODE: &str = "stormgate_mode";
 /// Configuration reloads by `result`.
 pub const RELOADS: &str = "stormgate_reloads_total";
+/// 1 for the node's shared-budget `mode` (shared, fallback), 0 for the other.
+pub const SHARED_MODE: &str = "stormgate_shared_mode";
+/// The cluster's global rate at Redis's last answer, cost units per second.
+pub const SHARED_RATE: &str = "stormgate_shared_rate";
+/// Lease requests sent to Redis, by `scope`.
+pub const SHARED_LEASE_REQUESTS: &str = "stormgate_shared_lease_requests_total";
+/// Cost units Redis granted to this node, by `scope`.
+pub const SHARED_GRANTED: &str = "stormgate_shared_granted_total";
+/// Redis calls and connection attempts that failed or timed out.
+pub const SHARED_REDIS_ERRORS: &str = "stormgate_shared_redis_errors_total";
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};

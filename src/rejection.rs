@@ -34,6 +34,7 @@
 //! | per-tenant budget (seed 003 3.1) | `tenant_budget_exceeded` | tenant |
 //! | per-session budget (seed 003 3.1) | `session_budget_exceeded` | agent_session |
 //! | kill switch in fixed mode (seed 003 5.4) | `fixed_limit_exceeded` | the fixed limit's scope |
+//! | shared budget's Redis unreachable, `on_failure = "closed"` (seed 003 5.1) | `shared_budget_unavailable` | global |
 
 use std::fmt;
 use std::time::Duration;
@@ -74,11 +75,14 @@ pub enum Reason {
     CircuitOpen,
     /// The call's whole-round deadline passed (seed 000 `TIMEOUT`, seed 002 `MODEL_TIMEOUT`).
     DeadlineExceeded,
+    /// The cluster's shared budget cannot be reached (Redis does not answer) and the
+    /// configured failure mode is `closed` (feature `redis`).
+    SharedBudgetUnavailable,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::QueueFull,
         Reason::QueueTimeout,
         Reason::UpstreamRateLimited,
@@ -89,6 +93,7 @@ impl Reason {
         Reason::ConcurrencyLimited,
         Reason::CircuitOpen,
         Reason::DeadlineExceeded,
+        Reason::SharedBudgetUnavailable,
     ];
 
     /// The snake_case name written in `data.reason`.
@@ -104,6 +109,7 @@ impl Reason {
             Reason::ConcurrencyLimited => "concurrency_limited",
             Reason::CircuitOpen => "circuit_open",
             Reason::DeadlineExceeded => "deadline_exceeded",
+            Reason::SharedBudgetUnavailable => "shared_budget_unavailable",
         }
     }
 }

@@ -5,7 +5,10 @@
 //! ```
 //! The address also comes from `STORMGATE_ADDR`; the default is 127.0.0.1:3000. The
 //! configuration file is `--config PATH` or `STORMGATE_CONFIG`, by default
-//! `examples/stormgate.toml`.
+//! `examples/stormgate.toml`. `--redis URL` (or `STORMGATE_REDIS`; build with
+//! `--features redis`) shares the budget with every other server given the same Redis: it
+//! sets `[distributed] url` (the other `[distributed]` settings come from the file or their
+//! defaults).
 
 mod app;
 
@@ -37,7 +40,11 @@ async fn main() -> std::io::Result<()> {
         .map_err(std::io::Error::other)?;
     let config_path =
         flag("--config", "STORMGATE_CONFIG").unwrap_or_else(|| app::CONFIG.to_owned());
-    let config = Config::load(Path::new(&config_path)).map_err(std::io::Error::other)?;
+    let mut config = Config::load(Path::new(&config_path)).map_err(std::io::Error::other)?;
+    if let Some(url) = flag("--redis", "STORMGATE_REDIS") {
+        config.distributed.get_or_insert_with(Default::default).url = url;
+        config.validate().map_err(std::io::Error::other)?;
+    }
     let (app, control) =
         app::app(app::Backend::new(), config, metrics).map_err(std::io::Error::other)?;
     let _tasks = control.spawn();
@@ -53,6 +60,15 @@ async fn main() -> std::io::Result<()> {
         "stormgate example MCP server on http://{local}/mcp (metrics: http://{local}/metrics)"
     );
     println!("configuration: {config_path} (watched; SIGHUP reloads it)");
+    if let Some(d) = &control.config().distributed {
+        println!(
+            "budget shared through {} (prefix {:?}, lease window {} ms, on failure: {})",
+            d.url,
+            d.prefix,
+            d.lease_window.as_millis(),
+            d.on_failure.as_str()
+        );
+    }
     if control.admin_router().is_some() {
         println!("admin routes: http://{local}/admin (bearer token from the configuration)");
     }

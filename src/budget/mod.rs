@@ -35,6 +35,7 @@ mod controller;
 mod ewma;
 mod gcra;
 mod sampler;
+mod shared;
 mod tenant;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,6 +59,7 @@ use crate::metrics;
 use crate::outcome::{Observation, Observer};
 use crate::rejection::{Reason, Rejection, Scope};
 use sampler::Sampler;
+use shared::Leased;
 
 /// The tenant that tenants past `max_tenants` share.
 pub const OVERFLOW_TENANT: &str = "~overflow";
@@ -83,6 +85,9 @@ struct Inner {
     /// Rate a tenant not seen before starts with, until the next tick sizes its share.
     newcomer_rate: AtomicU64,
     costs: Arc<Costs>,
+    /// The cluster's leases (feature `redis`).
+    #[cfg(feature = "redis")]
+    shared: Option<crate::distributed::SharedBudget>,
 }
 
 /// Everything a reload may change.
@@ -114,6 +119,9 @@ struct TenantState {
     fixed: Gcra,
     demand: AtomicU64,
     tick: Mutex<TenantTick>,
+    /// The tenant's lease of its cluster-wide share (feature `redis`).
+    #[cfg(feature = "redis")]
+    lease: Option<Arc<crate::distributed::ScopeLease>>,
 }
 
 struct TenantTick {
@@ -139,9 +147,21 @@ pub struct BudgetBuilder {
     tenants: TenantConfig,
     costs: CostConfig,
     switch: Switch,
+    #[cfg(feature = "redis")]
+    shared: Option<crate::distributed::SharedBudget>,
 }
 
 impl BudgetBuilder {
+    /// Shares the global budget and the tenants' shares with the other nodes of a cluster
+    /// through Redis (feature `redis`; see [`distributed`](crate::distributed)): in adaptive
+    /// mode every call also spends from this node's leases, and the controller's budget is
+    /// this node's proposal for the cluster's rate. One `SharedBudget` per `Budget`.
+    #[cfg(feature = "redis")]
+    pub fn shared(mut self, shared: crate::distributed::SharedBudget) -> Self {
+        self.shared = Some(shared);
+        self
+    }
+
     /// Per-tenant settings (default: enabled, min_budget 1% of stable).
     pub fn tenants(mut self, tenants: TenantConfig) -> Self {
         self.tenants = tenants;
@@ -193,9 +213,15 @@ impl BudgetBuilder {
                 newcomer_rate: AtomicU64::new(stable.to_bits()),
                 costs: Arc::new(Costs::new(self.costs)),
                 settings: ArcSwap::from_pointee(settings),
+                #[cfg(feature = "redis")]
+                shared: self.shared,
             }),
         };
         budget.apply_policy();
+        #[cfg(feature = "redis")]
+        if let Some(shared) = &budget.inner.shared {
+            shared.global().propose(stable); // until the first tick
+        }
         budget
     }
 }
@@ -213,6 +239,8 @@ impl Budget {
             tenants: TenantConfig::default(),
             costs: CostConfig::default(),
             switch: Switch::default(),
+            #[cfg(feature = "redis")]
+            shared: None,
         }
     }
 
@@ -237,6 +265,12 @@ impl Budget {
     /// The tool weight table (give it to [`ClassifyLayer::costs`](crate::classify::ClassifyLayer::costs)).
     pub fn costs(&self) -> Arc<Costs> {
         self.inner.costs.clone()
+    }
+
+    /// The cluster's shared budget this budget spends leases of, if any (feature `redis`).
+    #[cfg(feature = "redis")]
+    pub fn shared(&self) -> Option<&crate::distributed::SharedBudget> {
+        self.inner.shared.as_ref()
     }
 
     /// Tenants tracked now.
@@ -279,11 +313,15 @@ impl Budget {
         let fixed_tenant = self.inner.switch.load().fixed.tenant_rate;
         let min = st.min_budget;
         let w = st.max_weight;
+        #[cfg(feature = "redis")]
+        let lease = self.tenant_lease(tenant.as_str(), rate.max(min));
         self.inner
             .tenants
             .entry(tenant)
             .or_insert_with(|| {
                 Arc::new(TenantState {
+                    #[cfg(feature = "redis")]
+                    lease,
                     admitted: AtomicU64::new(0),
                     share: Gcra::new(interval_for_rate(rate.max(min)), burst_for(rate, w)),
                     guaranteed: Gcra::new(interval_for_rate(min), (min as u64).max(u64::from(w))),
@@ -381,11 +419,16 @@ impl Budget {
         } else {
             st.config.stable_budget
         };
-        inner.global.set_interval(now, interval_for_rate(rate));
+        // In `local` fallback the node keeps budget / nodes (1 otherwise).
+        let divisor = self.divisor();
+        inner
+            .global
+            .set_interval(now, interval_for_rate(rate / divisor));
         inner.costs.refresh();
         if st.tenants.enabled {
-            self.split(now, health.budget);
+            self.split(now, health.budget / divisor);
         }
+        self.shared_tick(rate);
         *inner.health.lock().unwrap_or_else(PoisonError::into_inner) = health;
         policy.mode.emit(); // re-sent every tick: the exporter drops gauges left idle
         ::metrics::gauge!(metrics::BUDGET).set(health.budget);
@@ -431,6 +474,10 @@ impl Budget {
             ::metrics::gauge!(metrics::TENANT_ALLOCATION, "tenant" => label).set(rate);
             t.share.set_interval(now, interval_for_rate(rate));
             t.share.set_burst(burst_for(rate, st.max_weight));
+            #[cfg(feature = "redis")]
+            if let Some(lease) = &t.lease {
+                lease.propose(rate);
+            }
             t.tick
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -483,6 +530,7 @@ pub struct BudgetPermit {
     tenant: Option<Arc<TenantState>>,
     cost: u64,
     charge: Charge,
+    leased: Leased,
 }
 
 impl std::fmt::Debug for TenantState {
@@ -528,6 +576,7 @@ impl Budget {
                 global,
                 tenant: charged,
             },
+            leased: Leased::default(),
         })
     }
 
@@ -539,22 +588,39 @@ impl Budget {
         policy: &Policy,
     ) -> Result<BudgetPermit, Rejection> {
         let inner = &*self.inner;
+        let leasing = self.shared_gate(now)?;
         if !(inner.settings.load().tenants.enabled && policy.features.tenant_budgets) {
             inner
                 .global
                 .try_take(now, cost)
                 .map_err(|w| Self::reject(Reason::GlobalBudgetExceeded, Scope::Global, w))?;
+            let leased = self.take_leases(leasing, None, cost).map_err(|(r, s, w)| {
+                inner.global.refund(now, cost);
+                Self::reject(r, s, w)
+            })?;
             return Ok(BudgetPermit {
                 tenant: None,
                 cost,
                 charge: Charge::Adaptive { guaranteed: false },
+                leased,
             });
         }
         let tenant = self.tenant(&call.tenant);
         tenant.demand.fetch_add(cost, Ordering::Relaxed);
+        let mut leased = Leased::default();
         let refused = match tenant.share.try_take(now, cost) {
             Ok(()) => match inner.global.try_take(now, cost) {
-                Ok(()) => None,
+                Ok(()) => match self.take_leases(leasing, Some(&tenant), cost) {
+                    Ok(l) => {
+                        leased = l;
+                        None
+                    }
+                    Err(refusal) => {
+                        inner.global.refund(now, cost);
+                        tenant.share.refund(now, cost);
+                        Some(refusal)
+                    }
+                },
                 Err(wait) => {
                     tenant.share.refund(now, cost);
                     Some((Reason::GlobalBudgetExceeded, Scope::Global, wait))
@@ -562,6 +628,7 @@ impl Budget {
             },
             Err(wait) => Some((Reason::TenantBudgetExceeded, Scope::Tenant, wait)),
         };
+        // The guaranteed minimum is per node and spends no lease.
         let guaranteed = match refused {
             None => false,
             Some((reason, scope, wait)) => {
@@ -579,6 +646,7 @@ impl Budget {
             tenant: Some(tenant),
             cost,
             charge: Charge::Adaptive { guaranteed },
+            leased,
         })
     }
 }
@@ -594,6 +662,7 @@ impl Admission for Budget {
                 tenant: None,
                 cost: 0,
                 charge: Charge::Free,
+                leased: Leased::default(),
             });
         }
         let now = self.now();
@@ -604,6 +673,7 @@ impl Admission for Budget {
                 tenant: None,
                 cost,
                 charge: Charge::Free,
+                leased: Leased::default(),
             },
             Mode::Fixed => self.admit_fixed(call, cost, now, &policy)?,
             Mode::Adaptive => self.admit_adaptive(call, cost, now, &policy)?,
@@ -626,6 +696,7 @@ impl Admission for Budget {
         match permit.charge {
             Charge::Free => {}
             Charge::Adaptive { guaranteed } => {
+                self.refund_leases(permit.leased, permit.tenant.as_deref(), cost);
                 inner.global.refund(now, cost);
                 if let Some(t) = &permit.tenant {
                     if guaranteed {

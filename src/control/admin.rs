@@ -53,6 +53,41 @@ struct StateBody {
     sessions: usize,
     top_sessions: Vec<SessionSummary>,
     last_reload_error: Option<String>,
+    /// The shared budget, when `[distributed]` is configured.
+    #[cfg(feature = "redis")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shared: Option<SharedState>,
+}
+
+/// `GET /state`'s view of the shared budget.
+#[cfg(feature = "redis")]
+#[derive(Debug, Serialize)]
+struct SharedState {
+    node_id: String,
+    mode: &'static str,
+    rate: Option<f64>,
+    nodes: u32,
+    round_trips: u64,
+    lease_requests: u64,
+    granted: u64,
+    errors: u64,
+}
+
+#[cfg(feature = "redis")]
+impl SharedState {
+    fn of(s: &crate::distributed::SharedBudget) -> Self {
+        let stats = s.stats();
+        SharedState {
+            node_id: s.node_id().to_owned(),
+            mode: s.mode().as_str(),
+            rate: s.shared_rate(),
+            nodes: s.nodes(),
+            round_trips: stats.round_trips,
+            lease_requests: stats.lease_requests,
+            granted: stats.granted,
+            errors: stats.errors,
+        }
+    }
 }
 
 async fn get_config(State(c): State<Control>) -> Json<Config> {
@@ -93,6 +128,8 @@ async fn state(State(c): State<Control>) -> Json<StateBody> {
         sessions: c.sessions().len(),
         top_sessions: c.sessions().top(),
         last_reload_error: c.last_error(),
+        #[cfg(feature = "redis")]
+        shared: c.budget().shared().map(SharedState::of),
     })
 }
 
@@ -109,7 +146,7 @@ impl Control {
     /// | `GET /config` | the running configuration (the token left out) |
     /// | `POST /config` | replaces it (TOML, or JSON); 400 with the validation error when invalid |
     /// | `GET /mode`, `PUT /mode` | reads / flips the kill switch: `{"mode":"fixed"}` |
-    /// | `GET /state` | mode, budget health, tenants, sessions, top sessions, last reload error |
+    /// | `GET /state` | mode, budget health, tenants, sessions, top sessions, last reload error, and the shared budget's mode, rate, nodes and counters (feature `redis`, with `[distributed]`) |
     /// | `GET /sessions/{id}/invocations` | the session's recent calls with queue wait and outcome |
     ///
     /// Every request needs `Authorization: Bearer <token>` (compared in constant time); a

@@ -8,6 +8,7 @@ use crate::budget::{BudgetConfig, TenantConfig};
 use crate::classify::DEFAULT_BODY_LIMIT;
 use crate::cost::CostConfig;
 use crate::deadline::DeadlineConfig;
+use crate::distributed::DistributedConfig;
 use crate::entropy::SessionConfig;
 use crate::fifo::FifoConfig;
 use crate::idempotency::IdempotencyConfig;
@@ -65,6 +66,10 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The admin routes.
     pub admin: AdminConfig,
+    /// The budget shared with the other nodes through Redis (feature `redis`); absent: this
+    /// node's budget is its own. Read when the stack is built: a reload keeps the running
+    /// connection and ignores changes to this section.
+    pub distributed: Option<DistributedConfig>,
 }
 
 /// How tenants and sessions are found (see [`DefaultIdentity`](crate::call::DefaultIdentity)).
@@ -132,6 +137,7 @@ impl Default for Config {
             identity: IdentityConfig::default(),
             metrics: MetricsConfig::default(),
             admin: AdminConfig::default(),
+            distributed: None,
         }
     }
 }
@@ -187,6 +193,12 @@ impl Config {
         self.idempotency.validate()?;
         self.deadlines.validate()?;
         self.identity.identity()?;
+        if let Some(d) = &self.distributed {
+            if !cfg!(feature = "redis") {
+                return Err("distributed: this build of stormgate has no `redis` feature".into());
+            }
+            d.validate()?;
+        }
         Ok(())
     }
 
@@ -197,5 +209,28 @@ impl Config {
             features: self.features,
             fixed: self.fixed,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_distributed_section_is_validated() {
+        let err = Config::from_toml("[distributed]\nurl = \"http://redis\"\n").unwrap_err();
+        if cfg!(feature = "redis") {
+            assert!(err.starts_with("distributed.url: "), "{err}");
+            let ok = Config::from_toml("[distributed]\nlease_window_ms = 250\n").unwrap();
+            let d = ok.distributed.unwrap();
+            assert_eq!(d.lease_window.as_millis(), 250);
+            assert_eq!(d.url, "redis://127.0.0.1:6379");
+        } else {
+            assert_eq!(
+                err,
+                "distributed: this build of stormgate has no `redis` feature"
+            );
+        }
+        assert!(Config::from_toml("").unwrap().distributed.is_none());
     }
 }

@@ -57,15 +57,22 @@ impl std::fmt::Debug for Control {
 }
 
 impl Control {
-    /// Builds every stage from `config` (validated first).
+    /// Builds every stage from `config` (validated first). With a `[distributed]` section
+    /// (feature `redis`), it must be called inside a tokio runtime: the shared budget starts
+    /// connecting to Redis in the background at once.
     pub fn new(config: Config) -> Result<Self, String> {
         config.validate()?;
         let switch = Switch::new(config.policy());
         let budget = Budget::builder(config.budget.clone())
             .tenants(config.tenants.clone())
             .costs(config.costs.clone())
-            .switch(switch.clone())
-            .try_build()?;
+            .switch(switch.clone());
+        #[cfg(feature = "redis")]
+        let budget = match &config.distributed {
+            Some(d) => budget.shared(crate::distributed::SharedBudget::new(d.clone())?),
+            None => budget,
+        };
+        let budget = budget.try_build()?;
         let sessions = SessionGuard::with_switch(config.sessions.clone(), switch.clone())?;
         let breakers = CircuitBreakers::new(config.breaker.clone())?;
         let idempotency = IdempotencyLayer::new(config.idempotency.clone())?;
@@ -226,9 +233,11 @@ impl Control {
         result
     }
 
-    fn try_reload(&self, config: Config) -> Result<(), String> {
+    fn try_reload(&self, mut config: Config) -> Result<(), String> {
         config.validate()?;
         let inner = &*self.inner;
+        // The shared budget's connection is made once, at start.
+        config.distributed = inner.config.load().distributed.clone();
         inner
             .budget
             .reconfigure(config.budget.clone(), config.tenants.clone(), &config.costs)?;
