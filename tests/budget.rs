@@ -358,3 +358,49 @@ fn invalid_settings_are_refused_with_the_field_named() {
         .unwrap_err();
     assert_eq!(err, "tenants.max_tenants: must be at least 1");
 }
+
+/// Observes `n` admitted `cache_get` calls that ended with `outcome` after `service_time`.
+fn finish(budget: &Budget, n: usize, outcome: stormgate::outcome::Outcome, service_time: Duration) {
+    use stormgate::outcome::{Observation, Observer};
+    let call = Call::request("tools/call").with_tool("cache_get");
+    for _ in 0..n {
+        budget.admit(&call).unwrap();
+        budget.observe(&Observation {
+            call: &call,
+            outcome,
+            service_time,
+            response_bytes: 0,
+            queue_wait: Duration::ZERO,
+        });
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_their_clients_gave_up_on_count_as_slow_not_as_errors() {
+    use stormgate::outcome::Outcome;
+    let config = BudgetConfig {
+        stable_budget: 1000.0,
+        target_p99: Some(ms(500)),
+        ..BudgetConfig::default()
+    };
+    // Every call abandoned after 2 s: without the cancels there is no sample at all, and the
+    // budget would stay at its stable value.
+    let slow = Budget::builder(config.clone()).build();
+    finish(&slow, 20, Outcome::Cancelled, ms(2000));
+    let health = slow.tick();
+    assert!(!health.healthy);
+    assert_eq!(health.error_rate, 0.0, "a cancel is no error");
+    assert_eq!(health.budget, 700.0);
+
+    // Cancels faster than the target say the backend is fine.
+    let fast = Budget::builder(config.clone()).build();
+    finish(&fast, 20, Outcome::Cancelled, ms(20));
+    assert!(fast.tick().healthy);
+
+    // A flood of client errors is not the backend's latency either.
+    let bad = Budget::builder(config).build();
+    finish(&bad, 20, Outcome::ClientError, ms(2000));
+    let health = bad.tick();
+    assert!(health.healthy);
+    assert_eq!(health.budget, 1000.0);
+}

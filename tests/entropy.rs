@@ -216,3 +216,35 @@ async fn a_low_entropy_failing_loop_is_penalized() {
     assert_eq!(s.entropy, 0.0, "one key: no entropy");
     assert!(s.score > 1.0 && s.rejected > 0, "{s:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_session_whose_slow_calls_are_abandoned_is_scored_as_slow() {
+    let g = guard();
+    let start = tokio::time::Instant::now();
+    // Another session teaches the tool's healthy service time: 100 ms.
+    let teacher = call("teacher", "search", json!({"q": "x"}));
+    for _ in 0..20 {
+        send(&g, &teacher, Outcome::Ok, ms(100), start).await;
+        tokio::time::advance(ms(500)).await;
+    }
+    // New queries each time, every one abandoned by its client after 2 s (20x the norm):
+    // no error, no answer, yet distress.
+    let mut abandoned = Vec::new();
+    for i in 0..6 {
+        let c = call("abandoning", "search", json!({"q": format!("query {i}")}));
+        abandoned.push(send(&g, &c, Outcome::Cancelled, ms(2000), start).await);
+        tokio::time::advance(ms(1000)).await;
+    }
+    let s = g.summary(&SessionId::new("abandoning")).unwrap();
+    assert!(s.score > 0.0, "{s:?}");
+    assert!(s.factor < 1.0, "{s:?}");
+
+    // The same pattern cancelled quickly (the user changed their mind) is not slowness.
+    for i in 0..6 {
+        let c = call("impatient", "search", json!({"q": format!("query {i}")}));
+        send(&g, &c, Outcome::Cancelled, ms(50), start).await;
+        tokio::time::advance(ms(1000)).await;
+    }
+    let s = g.summary(&SessionId::new("impatient")).unwrap();
+    assert_eq!((s.score, s.factor), (0.0, 1.0), "{s:?}");
+}
