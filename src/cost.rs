@@ -8,6 +8,7 @@
 //! Tools not listed weigh `default_weight` (1). The classifier writes the weight into
 //! [`Call::cost`](crate::Call), and every budget charges it.
 
+use crate::error::ConfigError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -68,18 +69,27 @@ impl Default for CostConfig {
 
 impl CostConfig {
     /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.min_weight == 0 {
-            return Err("costs.min_weight: must be at least 1".into());
+            return Err(ConfigError::new("costs.min_weight", "must be at least 1"));
         }
         if self.max_weight < self.min_weight {
-            return Err("costs.max_weight: must be at least min_weight".into());
+            return Err(ConfigError::new(
+                "costs.max_weight",
+                "must be at least min_weight",
+            ));
         }
         if self.default_weight == 0 {
-            return Err("costs.default_weight: must be at least 1".into());
+            return Err(ConfigError::new(
+                "costs.default_weight",
+                "must be at least 1",
+            ));
         }
         if let Some((tool, _)) = self.tools.iter().find(|(_, w)| **w == Weight::Fixed(0)) {
-            return Err(format!("costs.tools.{tool}: must be at least 1"));
+            return Err(ConfigError::new(
+                format!("costs.tools.{tool}"),
+                "must be at least 1",
+            ));
         }
         Ok(())
     }
@@ -256,7 +266,7 @@ mod tests {
         c.tools.insert("x".into(), Weight::Fixed(0));
         assert_eq!(
             c.validate().unwrap_err(),
-            "costs.tools.x: must be at least 1"
+            ConfigError::new("costs.tools.x", "must be at least 1")
         );
         let c = CostConfig {
             min_weight: 5,
@@ -265,7 +275,7 @@ mod tests {
         };
         assert_eq!(
             c.validate().unwrap_err(),
-            "costs.max_weight: must be at least min_weight"
+            ConfigError::new("costs.max_weight", "must be at least min_weight")
         );
     }
 }

@@ -10,6 +10,7 @@
 //! sent as the stream's last event. The deadline reaches the MCP service as a [`Deadline`]
 //! request extension, so tool code can pass the remaining time on.
 
+use crate::error::ConfigError;
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -44,12 +45,18 @@ impl DeadlineConfig {
     }
 
     /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.default.is_some_and(|d| d.is_zero()) {
-            return Err("deadlines.default_ms: must be greater than 0".into());
+            return Err(ConfigError::new(
+                "deadlines.default_ms",
+                "must be greater than 0",
+            ));
         }
         if let Some((tool, _)) = self.tools_ms.iter().find(|(_, ms)| **ms == 0) {
-            return Err(format!("deadlines.tools_ms.{tool}: must be greater than 0"));
+            return Err(ConfigError::new(
+                format!("deadlines.tools_ms.{tool}"),
+                "must be greater than 0",
+            ));
         }
         Ok(())
     }

@@ -19,6 +19,7 @@
 //! answer, nothing is kept and a retry runs (the tool may have started: prefer clients that
 //! wait). Place the layer right after the classifier, so duplicates never reach the budgets.
 
+use crate::error::ConfigError;
 use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -42,6 +43,7 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 use crate::fifo::future::ResponseFuture;
 
 use crate::call::{Call, Calls, Meta, Tenant};
+use crate::control::{Mode, Switch};
 use crate::mcp::verdict::RefusedCalls;
 use crate::outcome::sse::SseParser;
 
@@ -91,21 +93,30 @@ impl Default for IdempotencyConfig {
 
 impl IdempotencyConfig {
     /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if http::HeaderName::from_bytes(self.header.as_bytes()).is_err() {
-            return Err(format!(
-                "idempotency.header: {:?} is not a header name",
-                self.header
+            return Err(ConfigError::new(
+                "idempotency.header",
+                format!("{:?} is not a header name", self.header),
             ));
         }
         if self.meta_key.is_empty() {
-            return Err("idempotency.meta_key: must not be empty".into());
+            return Err(ConfigError::new(
+                "idempotency.meta_key",
+                "must not be empty",
+            ));
         }
         if self.ttl.is_zero() {
-            return Err("idempotency.ttl_ms: must be greater than 0".into());
+            return Err(ConfigError::new(
+                "idempotency.ttl_ms",
+                "must be greater than 0",
+            ));
         }
         if self.max_entries == 0 {
-            return Err("idempotency.max_entries: must be at least 1".into());
+            return Err(ConfigError::new(
+                "idempotency.max_entries",
+                "must be at least 1",
+            ));
         }
         Ok(())
     }
@@ -137,6 +148,7 @@ type Key = (Tenant, String, String);
 struct Shared {
     config: ArcSwap<IdempotencyConfig>,
     entries: DashMap<Key, Entry>,
+    switch: Switch,
 }
 
 /// Builds [`Idempotent`] services. See the [module docs](crate::idempotency).
@@ -155,22 +167,35 @@ impl std::fmt::Debug for IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// A layer with these settings (validated).
-    pub fn new(config: IdempotencyConfig) -> Result<Self, String> {
+    /// A layer with these settings (validated), always adaptive.
+    pub fn new(config: IdempotencyConfig) -> Result<Self, ConfigError> {
+        Self::with_switch(config, Switch::default())
+    }
+
+    /// A layer with these settings that follows the kill switch `switch`: in `off` mode a
+    /// listed tool called without a key is let through even with `missing = "reject"` (keys
+    /// still deduplicate: a replay is an answer, not a refusal).
+    pub fn with_switch(config: IdempotencyConfig, switch: Switch) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared {
                 config: ArcSwap::from_pointee(config),
                 entries: DashMap::new(),
+                switch,
             }),
         })
     }
 
     /// Takes new settings; kept answers stay.
-    pub fn reconfigure(&self, config: IdempotencyConfig) -> Result<(), String> {
+    pub fn reconfigure(&self, config: IdempotencyConfig) -> Result<(), ConfigError> {
         config.validate()?;
-        self.shared.config.store(Arc::new(config));
+        self.set_config(config);
         Ok(())
+    }
+
+    /// [`reconfigure`](Self::reconfigure) with settings already validated.
+    pub(crate) fn set_config(&self, config: IdempotencyConfig) {
+        self.shared.config.store(Arc::new(config));
     }
 }
 
@@ -305,12 +330,13 @@ where
             .and_then(|calls| key_of(calls, &parts, &config));
         let req = Request::from_parts(parts, body);
         let Some(key) = key else {
+            let off = self.shared.switch.mode() == Mode::Off;
             return match config.missing {
-                Missing::Allow => ResponseFuture::passthrough(inner.call(req)),
-                Missing::Reject => {
+                Missing::Reject if !off => {
                     let res = missing_key(&call, &config);
                     ResponseFuture::limited(Box::pin(async move { Ok(res) }))
                 }
+                Missing::Allow | Missing::Reject => ResponseFuture::passthrough(inner.call(req)),
             };
         };
         let shared = self.shared.clone();

@@ -59,6 +59,7 @@ pub mod deadline;
 pub mod distributed;
 mod duration_ms;
 pub mod entropy;
+mod error;
 pub mod fifo;
 pub mod idempotency;
 pub mod mcp;
@@ -67,6 +68,7 @@ pub mod outcome;
 pub mod rejection;
 
 pub use call::{Call, CallKind, Calls, RequestId, SessionId, Tenant};
+pub use error::{ConfigError, ControlError};
 pub use rejection::{Reason, Rejection, RejectionFormat, Scope};
 
 /// The README's Rust snippets, compiled and run as doctests.

@@ -348,7 +348,10 @@ fn invalid_settings_are_refused_with_the_field_named() {
     })
     .try_build()
     .unwrap_err();
-    assert_eq!(err, "budget.alpha: must be in (0, 1]");
+    assert_eq!(
+        (&*err.field, &*err.rule),
+        ("budget.alpha", "must be in (0, 1]")
+    );
     let err = Budget::builder(BudgetConfig::default())
         .tenants(TenantConfig {
             max_tenants: 0,
@@ -356,7 +359,10 @@ fn invalid_settings_are_refused_with_the_field_named() {
         })
         .try_build()
         .unwrap_err();
-    assert_eq!(err, "tenants.max_tenants: must be at least 1");
+    assert_eq!(
+        (&*err.field, &*err.rule),
+        ("tenants.max_tenants", "must be at least 1")
+    );
 }
 
 /// Observes `n` admitted `cache_get` calls that ended with `outcome` after `service_time`.

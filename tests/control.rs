@@ -175,9 +175,11 @@ async fn an_invalid_reload_changes_nothing_and_a_valid_one_keeps_learned_state()
 
     let mut bad = Config::default();
     bad.sessions.window_size = Duration::ZERO;
+    let err = control.reload(bad).unwrap_err();
+    let err = err.config_error().expect("a field breaks a rule");
     assert_eq!(
-        control.reload(bad).unwrap_err(),
-        "sessions.window_size_ms: must be greater than 0"
+        (&*err.field, &*err.rule),
+        ("sessions.window_size_ms", "must be greater than 0")
     );
     assert_eq!(control.config(), before, "nothing changed");
     assert_eq!(
@@ -295,7 +297,8 @@ async fn admin_routes_require_the_token() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(control.policy().mode, Mode::Off);
 
-    let (status, body) = send(&admin, req("POST", "/config", ok, "[budget]\nalpha = 0\n")).await;
+    let whole = "mode = \"off\"\n[admin]\ntoken = \"s3cret\"\n[budget]\nalpha = 0\n";
+    let (status, body) = send(&admin, req("POST", "/config", ok, whole)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(body, r#"{"error":"budget.alpha: must be in (0, 1]"}"#);
     assert_eq!(control.policy().mode, Mode::Off, "unchanged");

@@ -19,7 +19,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, ServerHandler, schemars, tool, tool_handler, tool_router};
 use serde::Deserialize;
-use stormgate::control::{Config, Control};
+use stormgate::control::{Config, Control, ControlError};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -266,7 +266,7 @@ pub(crate) const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/s
 pub(crate) fn protected(
     backend: Arc<Backend>,
     config: Config,
-) -> Result<(Router, Control), String> {
+) -> Result<(Router, Control), ControlError> {
     let control = Control::new(config)?;
     Ok((control.wrap(mcp_router(backend)), control))
 }
@@ -277,7 +277,7 @@ pub(crate) fn app(
     backend: Arc<Backend>,
     config: Config,
     metrics: PrometheusHandle,
-) -> Result<(Router, Control), String> {
+) -> Result<(Router, Control), ControlError> {
     let (router, control) = protected(backend, config)?;
     let mut router = router.route(
         "/metrics",

@@ -16,6 +16,7 @@
 
 mod state;
 
+use crate::error::ConfigError;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -29,6 +30,7 @@ pub use state::{Breaker, BreakerState};
 
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::Call;
+use crate::control::{Mode, Switch};
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::rejection::{Reason, Rejection, Scope};
 
@@ -73,29 +75,44 @@ impl Default for BreakerConfig {
 
 impl BreakerConfig {
     /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.window_calls == 0 {
-            return Err("breaker.window_calls: must be at least 1".into());
+            return Err(ConfigError::new(
+                "breaker.window_calls",
+                "must be at least 1",
+            ));
         }
         if self.min_calls == 0 || self.min_calls > self.window_calls {
-            return Err("breaker.min_calls: must be between 1 and window_calls".into());
+            return Err(ConfigError::new(
+                "breaker.min_calls",
+                "must be between 1 and window_calls",
+            ));
         }
         for (name, v) in [
             ("failure_rate", self.failure_rate),
             ("slow_rate", self.slow_rate),
         ] {
             if !(v > 0.0 && v <= 1.0) {
-                return Err(format!("breaker.{name}: must be in (0, 1]"));
+                return Err(ConfigError::new(
+                    format!("breaker.{name}"),
+                    "must be in (0, 1]",
+                ));
             }
         }
         if self.slow_call.is_zero() {
-            return Err("breaker.slow_call_ms: must be greater than 0".into());
+            return Err(ConfigError::new(
+                "breaker.slow_call_ms",
+                "must be greater than 0",
+            ));
         }
         if self.open_for.is_zero() {
-            return Err("breaker.open_for_ms: must be greater than 0".into());
+            return Err(ConfigError::new(
+                "breaker.open_for_ms",
+                "must be greater than 0",
+            ));
         }
         if self.probes == 0 {
-            return Err("breaker.probes: must be at least 1".into());
+            return Err(ConfigError::new("breaker.probes", "must be at least 1"));
         }
         Ok(())
     }
@@ -109,6 +126,7 @@ pub struct CircuitBreakers {
 
 struct Inner {
     epoch: Instant,
+    switch: Switch,
     config: ArcSwap<BreakerConfig>,
     breakers: DashMap<String, Arc<Mutex<Breaker>>>,
 }
@@ -130,12 +148,19 @@ fn lock(b: &Mutex<Breaker>) -> std::sync::MutexGuard<'_, Breaker> {
 }
 
 impl CircuitBreakers {
-    /// Breakers with these settings (validated).
-    pub fn new(config: BreakerConfig) -> Result<Self, String> {
+    /// Breakers with these settings (validated), always adaptive.
+    pub fn new(config: BreakerConfig) -> Result<Self, ConfigError> {
+        Self::with_switch(config, Switch::default())
+    }
+
+    /// Breakers with these settings that follow the kill switch `switch`: in `off` mode they
+    /// refuse nothing and keep recording outcomes.
+    pub fn with_switch(config: BreakerConfig, switch: Switch) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(CircuitBreakers {
             inner: Arc::new(Inner {
                 epoch: Instant::now(),
+                switch,
                 config: ArcSwap::from_pointee(config),
                 breakers: DashMap::new(),
             }),
@@ -143,10 +168,15 @@ impl CircuitBreakers {
     }
 
     /// Takes new settings; every breaker keeps its state and window.
-    pub fn reconfigure(&self, config: BreakerConfig) -> Result<(), String> {
+    pub fn reconfigure(&self, config: BreakerConfig) -> Result<(), ConfigError> {
         config.validate()?;
-        self.inner.config.store(Arc::new(config));
+        self.set_config(config);
         Ok(())
+    }
+
+    /// [`reconfigure`](Self::reconfigure) with settings already validated.
+    pub(crate) fn set_config(&self, config: BreakerConfig) {
+        self.inner.config.store(Arc::new(config));
     }
 
     /// The admission stage: `AdmitLayer` over these breakers.
@@ -182,6 +212,9 @@ impl Admission for CircuitBreakers {
     type Permit = BreakerPermit;
 
     fn admit(&self, call: &Call) -> Result<BreakerPermit, Rejection> {
+        if self.inner.switch.mode() == Mode::Off {
+            return Ok(BreakerPermit(None));
+        }
         let Some(breaker) = call.tool.as_deref().and_then(|t| self.breaker(t)) else {
             return Ok(BreakerPermit(None));
         };

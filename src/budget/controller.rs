@@ -20,6 +20,7 @@
 //! as the learned baseline latency, so a budget cut during a storm recovers once the storm
 //! has stopped, even if nothing else is sent.
 
+use crate::error::ConfigError;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -101,12 +102,15 @@ impl BudgetConfig {
     }
 
     /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let positive = |name: &str, v: f64| {
             if v.is_finite() && v > 0.0 {
                 Ok(())
             } else {
-                Err(format!("budget.{name}: must be greater than 0"))
+                Err(ConfigError::new(
+                    format!("budget.{name}"),
+                    "must be greater than 0",
+                ))
             }
         };
         positive("stable_budget", self.stable_budget)?;
@@ -114,28 +118,46 @@ impl BudgetConfig {
         positive("recover_step", self.recover_step())?;
         positive("latency_tolerance", self.latency_tolerance)?;
         if self.floor() > self.stable_budget {
-            return Err("budget.floor: must not exceed stable_budget".into());
+            return Err(ConfigError::new(
+                "budget.floor",
+                "must not exceed stable_budget",
+            ));
         }
         if self.burst.is_some_and(|b| !(b.is_finite() && b >= 1.0)) {
-            return Err("budget.burst: must be at least 1".into());
+            return Err(ConfigError::new("budget.burst", "must be at least 1"));
         }
         if self.sample_interval.is_zero() {
-            return Err("budget.sample_interval_ms: must be greater than 0".into());
+            return Err(ConfigError::new(
+                "budget.sample_interval_ms",
+                "must be greater than 0",
+            ));
         }
         if !(self.alpha > 0.0 && self.alpha <= 1.0) {
-            return Err("budget.alpha: must be in (0, 1]".into());
+            return Err(ConfigError::new("budget.alpha", "must be in (0, 1]"));
         }
         if !(self.max_error_rate >= 0.0 && self.max_error_rate <= 1.0) {
-            return Err("budget.max_error_rate: must be in [0, 1]".into());
+            return Err(ConfigError::new(
+                "budget.max_error_rate",
+                "must be in [0, 1]",
+            ));
         }
         if !(self.decrease_factor > 0.0 && self.decrease_factor < 1.0) {
-            return Err("budget.decrease_factor: must be in (0, 1)".into());
+            return Err(ConfigError::new(
+                "budget.decrease_factor",
+                "must be in (0, 1)",
+            ));
         }
         if self.recover_after == 0 {
-            return Err("budget.recover_after: must be at least 1".into());
+            return Err(ConfigError::new(
+                "budget.recover_after",
+                "must be at least 1",
+            ));
         }
         if self.target_p99.is_some_and(|t| t.is_zero()) {
-            return Err("budget.target_p99_ms: must be greater than 0".into());
+            return Err(ConfigError::new(
+                "budget.target_p99_ms",
+                "must be greater than 0",
+            ));
         }
         Ok(())
     }
@@ -335,7 +357,7 @@ mod tests {
         let bad = |f: fn(&mut BudgetConfig)| {
             let mut c = BudgetConfig::default();
             f(&mut c);
-            c.validate().unwrap_err()
+            c.validate().unwrap_err().to_string()
         };
         assert_eq!(bad(|c| c.alpha = 0.0), "budget.alpha: must be in (0, 1]");
         assert_eq!(bad(|c| c.alpha = 1.5), "budget.alpha: must be in (0, 1]");

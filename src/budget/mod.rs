@@ -55,6 +55,7 @@ use crate::admit::{Admission, AdmitLayer};
 use crate::call::{Call, Tenant};
 use crate::control::{Mode, Policy, Switch};
 use crate::cost::{CostConfig, Costs};
+use crate::error::ConfigError;
 use crate::metrics;
 use crate::outcome::{Observation, Observer};
 use crate::rejection::{Reason, Rejection, Scope};
@@ -181,7 +182,7 @@ impl BudgetBuilder {
     }
 
     /// Validates every setting.
-    pub fn try_build(self) -> Result<Budget, String> {
+    pub fn try_build(self) -> Result<Budget, ConfigError> {
         self.config.validate()?;
         self.tenants.validate()?;
         self.costs.validate()?;
@@ -349,10 +350,21 @@ impl Budget {
         config: BudgetConfig,
         tenants: TenantConfig,
         costs: &CostConfig,
-    ) -> Result<(), String> {
+    ) -> Result<(), ConfigError> {
         config.validate()?;
         tenants.validate()?;
         costs.validate()?;
+        self.set_config(config, tenants, costs);
+        Ok(())
+    }
+
+    /// [`reconfigure`](Self::reconfigure) with settings already validated.
+    pub(crate) fn set_config(
+        &self,
+        config: BudgetConfig,
+        tenants: TenantConfig,
+        costs: &CostConfig,
+    ) {
         let inner = &*self.inner;
         let settings = Settings::new(config.clone(), tenants, costs);
         let burst = settings.config.burst(settings.max_weight);
@@ -366,7 +378,6 @@ impl Budget {
         inner.settings.store(Arc::new(settings));
         inner.costs.reconfigure(costs.clone());
         self.apply_policy();
-        Ok(())
     }
 
     /// Applies the current policy at once: re-rates the fixed-mode buckets, and pins the global

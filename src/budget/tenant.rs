@@ -1,5 +1,6 @@
 //! Per-tenant shares of the global budget: weights, a guaranteed minimum, and borrowing.
 
+use crate::error::ConfigError;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -47,25 +48,31 @@ impl TenantConfig {
     }
 
     /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self
             .min_budget
             .is_some_and(|m| !(m.is_finite() && m >= 0.0))
         {
-            return Err("tenants.min_budget: must be 0 or more".into());
+            return Err(ConfigError::new("tenants.min_budget", "must be 0 or more"));
         }
         if let Some((t, _)) = self
             .weights
             .iter()
             .find(|(_, w)| !(w.is_finite() && **w > 0.0))
         {
-            return Err(format!("tenants.weights.{t}: must be greater than 0"));
+            return Err(ConfigError::new(
+                format!("tenants.weights.{t}"),
+                "must be greater than 0",
+            ));
         }
         if self.max_tenants == 0 {
-            return Err("tenants.max_tenants: must be at least 1".into());
+            return Err(ConfigError::new(
+                "tenants.max_tenants",
+                "must be at least 1",
+            ));
         }
         if self.idle_ticks == 0 {
-            return Err("tenants.idle_ticks: must be at least 1".into());
+            return Err(ConfigError::new("tenants.idle_ticks", "must be at least 1"));
         }
         Ok(())
     }

@@ -6,6 +6,7 @@ use tower::Layer;
 
 use super::Classify;
 use crate::call::{DefaultIdentity, Identify};
+use crate::control::Switch;
 use crate::cost::Costs;
 use crate::deadline::DeadlineConfig;
 use crate::outcome::Observer;
@@ -23,6 +24,7 @@ pub(crate) struct Shared {
     pub(crate) costs: Option<Arc<Costs>>,
     pub(crate) observers: Arc<[Arc<dyn Observer>]>,
     pub(crate) deadlines: Arc<DeadlineConfig>,
+    pub(crate) switch: Switch,
 }
 
 /// Builds [`Classify`] services. See the [module docs](crate::classify).
@@ -42,6 +44,7 @@ impl ClassifyLayer {
                 costs: None,
                 observers: Arc::new([]),
                 deadlines: Arc::new(DeadlineConfig::default()),
+                switch: Switch::default(),
             })),
         }
     }
@@ -53,14 +56,27 @@ impl ClassifyLayer {
         self
     }
 
-    /// Changes the body limit, the rejection format and the identity of running services
-    /// (a reload).
-    pub fn reconfigure(&self, body_limit: usize, format: RejectionFormat, identity: impl Identify) {
+    /// Changes the body limit, the rejection format, the identity and the deadlines of
+    /// running services (a reload).
+    pub fn reconfigure(
+        &self,
+        body_limit: usize,
+        format: RejectionFormat,
+        identity: impl Identify,
+        deadlines: DeadlineConfig,
+    ) {
         let mut shared = Shared::clone(&self.shared.load());
         shared.body_limit = body_limit;
         shared.format = Arc::new(format);
         shared.identity = Arc::new(identity);
+        shared.deadlines = Arc::new(deadlines);
         self.shared.store(Arc::new(shared));
+    }
+
+    /// Follows this kill switch: in `off` mode no call gets a deadline (default: always
+    /// adaptive).
+    pub fn switch(self, switch: Switch) -> Self {
+        self.update(|s| s.switch = switch)
     }
 
     /// The largest body read, in bytes; a larger one is answered 413.
@@ -90,13 +106,6 @@ impl ClassifyLayer {
     pub fn deadlines(self, deadlines: DeadlineConfig) -> Self {
         let deadlines = Arc::new(deadlines);
         self.update(|s| s.deadlines = deadlines)
-    }
-
-    /// Changes the deadlines of running services (a reload).
-    pub fn set_deadlines(&self, deadlines: DeadlineConfig) {
-        let mut shared = Shared::clone(&self.shared.load());
-        shared.deadlines = Arc::new(deadlines);
-        self.shared.store(Arc::new(shared));
     }
 
     /// How every layer below writes its rejections.

@@ -132,6 +132,9 @@ pub(crate) fn classify(
     let header_name = header_str(parts, mcp::NAME);
     let single = !parsed.batch;
     let now = tokio::time::Instant::now();
+    // The kill switch's `off` refuses nothing: no deadline to cut a call at.
+    let deadlines =
+        (shared.switch.mode() != crate::control::Mode::Off).then_some(&shared.deadlines);
     let calls = parsed
         .messages
         .into_iter()
@@ -168,7 +171,8 @@ pub(crate) fn classify(
                 span: m.span,
                 seq: u32::try_from(seq).unwrap_or(u32::MAX),
                 deadline: tool
-                    .and_then(|t| shared.deadlines.for_tool(t))
+                    .zip(deadlines)
+                    .and_then(|(t, d)| d.for_tool(t))
                     .map(|d| now + d),
                 arguments: m.arguments.map(|raw| {
                     let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;

@@ -10,10 +10,15 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use super::{Config, Control, Mode};
+use std::net::SocketAddr;
+
+use axum::extract::ConnectInfo;
+
+use super::{Config, Control, Mode, Source};
 use crate::budget::Health;
 use crate::call::SessionId;
 use crate::entropy::SessionSummary;
+use crate::error::ControlError;
 
 /// Equal in time whatever the first differing byte: the token is not guessable byte by byte.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -28,10 +33,51 @@ async fn auth(State(control): State<Control>, req: Request, next: Next) -> Respo
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer);
     match given {
         Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => next.run(req).await,
-        _ => StatusCode::UNAUTHORIZED.into_response(),
+        _ => {
+            tracing::warn!(caller = ?caller(&req), path = %req.uri().path(), "admin request refused: no valid bearer token");
+            (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer realm=\"stormgate\"")],
+            )
+                .into_response()
+        }
+    }
+}
+
+/// The credentials of `Authorization: Bearer <token>`; the scheme is case-insensitive
+/// (RFC 9110 section 11.1).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
+}
+
+/// The caller's address, when the server records it.
+fn caller<B>(req: &http::Request<B>) -> Option<SocketAddr> {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0)
+}
+
+/// Extracts the admin caller as a reload [`Source`].
+struct Admin(Source);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Admin {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let addr = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0);
+        Ok(Admin(Source::Admin(addr)))
     }
 }
 
@@ -94,18 +140,27 @@ async fn get_config(State(c): State<Control>) -> Json<Config> {
     Json(Config::clone(&c.config()))
 }
 
-async fn post_config(State(c): State<Control>, body: String) -> Response {
-    let parsed = if body.trim_start().starts_with('{') {
-        serde_json::from_str::<Config>(&body).map_err(|e| e.to_string())
-    } else {
-        Config::from_toml(&body)
-    };
-    match parsed.and_then(|config| c.reload(config)) {
+async fn post_config(State(c): State<Control>, Admin(source): Admin, body: String) -> Response {
+    answer(&c, c.reload_document(&body, source))
+}
+
+async fn patch_config(State(c): State<Control>, Admin(source): Admin, body: String) -> Response {
+    answer(&c, c.patch(&body, source))
+}
+
+fn answer(c: &Control, result: Result<(), ControlError>) -> Response {
+    match result {
         Ok(()) => Json(ModeBody {
             mode: c.policy().mode,
         })
         .into_response(),
-        Err(error) => (StatusCode::BAD_REQUEST, Json(ErrorBody { error })).into_response(),
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            Json(ErrorBody {
+                error: e.to_string(),
+            }),
+        )
+            .into_response(),
     }
 }
 
@@ -115,8 +170,12 @@ async fn get_mode(State(c): State<Control>) -> Json<ModeBody> {
     })
 }
 
-async fn put_mode(State(c): State<Control>, Json(body): Json<ModeBody>) -> Json<ModeBody> {
-    c.set_mode(body.mode);
+async fn put_mode(
+    State(c): State<Control>,
+    Admin(source): Admin,
+    Json(body): Json<ModeBody>,
+) -> Json<ModeBody> {
+    c.flip(body.mode, source);
     Json(body)
 }
 
@@ -144,18 +203,25 @@ impl Control {
     /// | route | does |
     /// |---|---|
     /// | `GET /config` | the running configuration (the token left out) |
-    /// | `POST /config` | replaces it (TOML, or JSON); 400 with the validation error when invalid |
+    /// | `POST /config` | replaces it (TOML, or JSON) through [`Control::reload_document`]: refused (400 with the error) when invalid, empty, when it leaves out a section the running configuration sets (unless `replace = true`), or when it would remove the admin token |
+    /// | `PATCH /config` | merges a partial document into the running configuration ([`Control::patch`]); 400 when the result is refused |
     /// | `GET /mode`, `PUT /mode` | reads / flips the kill switch: `{"mode":"fixed"}` |
     /// | `GET /state` | mode, budget health, tenants, sessions, top sessions, last reload error, and the shared budget's mode, rate, nodes and counters (feature `redis`, with `[distributed]`) |
     /// | `GET /sessions/{id}/invocations` | the session's recent calls with queue wait and outcome |
     ///
-    /// Every request needs `Authorization: Bearer <token>` (compared in constant time); a
-    /// wrong or missing one gets 401 with no detail.
+    /// Every request needs `Authorization: Bearer <token>` (the scheme in any case; the token
+    /// compared in constant time); a wrong or missing one gets 401 with
+    /// `WWW-Authenticate: Bearer` and no detail. Every change is counted, logged with the
+    /// caller's address (when served with `into_make_service_with_connect_info`), and kept as
+    /// the last error when refused.
     pub fn admin_router(&self) -> Option<Router> {
         self.config().admin.token()?;
         Some(
             Router::new()
-                .route("/config", get(get_config).post(post_config))
+                .route(
+                    "/config",
+                    get(get_config).post(post_config).patch(patch_config),
+                )
                 .route("/mode", get(get_mode).put(put_mode))
                 .route("/state", get(state))
                 .route("/sessions/{id}/invocations", get(invocations))
@@ -167,7 +233,16 @@ impl Control {
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::{bearer, constant_time_eq};
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer abc"), Some("abc"));
+        assert_eq!(bearer("BEARER  abc"), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearerabc"), None);
+    }
 
     #[test]
     fn compares_whole_tokens() {

@@ -1,5 +1,6 @@
 //! One configuration for the whole stack, validated as a whole.
 
+use crate::error::{ConfigError, ControlError};
 use serde::{Deserialize, Serialize};
 
 use super::{Features, FixedLimits, Mode, Policy};
@@ -29,7 +30,8 @@ use crate::rejection::RejectionFormat;
 /// "#).unwrap();
 /// assert_eq!(config.mode, Mode::Fixed);
 /// let err = Config::from_toml("[budget]\nalpha = 2.0\n").unwrap_err();
-/// assert_eq!(err, "budget.alpha: must be in (0, 1]");
+/// assert_eq!(err.to_string(), "budget.alpha: must be in (0, 1]");
+/// assert_eq!(err.config_error().unwrap().field, "budget.alpha");
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -72,6 +74,20 @@ pub struct Config {
     pub distributed: Option<DistributedConfig>,
 }
 
+/// A configuration validated whole, with what the stages derive from it, ready to commit.
+pub(crate) struct Prepared {
+    pub(crate) config: Config,
+    pub(crate) identity: crate::call::DefaultIdentity,
+}
+
+/// Reads a configuration file.
+pub(crate) fn read(path: &std::path::Path) -> Result<String, ControlError> {
+    std::fs::read_to_string(path).map_err(|source| ControlError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
 /// How tenants and sessions are found (see [`DefaultIdentity`](crate::call::DefaultIdentity)).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -85,11 +101,15 @@ pub struct IdentityConfig {
 
 impl IdentityConfig {
     /// The identity these settings describe.
-    pub fn identity(&self) -> Result<crate::call::DefaultIdentity, String> {
+    pub fn identity(&self) -> Result<crate::call::DefaultIdentity, ConfigError> {
         let mut id = crate::call::DefaultIdentity::new();
         if let Some(h) = &self.tenant_header {
-            let name = http::HeaderName::from_bytes(h.as_bytes())
-                .map_err(|_| format!("identity.tenant_header: {h:?} is not a header name"))?;
+            let name = http::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                ConfigError::new(
+                    "identity.tenant_header",
+                    format!("{h:?} is not a header name"),
+                )
+            })?;
             id = id.tenant_header(name);
         }
         if let Some(k) = &self.session_meta_key {
@@ -166,22 +186,66 @@ impl AdminConfig {
 
 impl Config {
     /// Parses and validates a TOML text. The error names the field and the rule.
-    pub fn from_toml(text: &str) -> Result<Config, String> {
-        let config: Config = toml::from_str(text).map_err(|e| e.to_string().trim().to_owned())?;
+    pub fn from_toml(text: &str) -> Result<Config, ControlError> {
+        let config: Config = toml::from_str(text)?;
         config.validate()?;
         Ok(config)
     }
 
     /// Reads, parses and validates a TOML file.
-    pub fn load(path: &std::path::Path) -> Result<Config, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Self::from_toml(&text)
+    pub fn load(path: &std::path::Path) -> Result<Config, ControlError> {
+        Self::from_toml(&read(path)?)
+    }
+
+    /// Validates the whole configuration and derives what the stages need from it:
+    /// everything that can fail. [`Control`](super::Control) commits the result, which
+    /// cannot fail, so a change is applied whole or not at all.
+    pub(crate) fn prepare(self) -> Result<Prepared, ConfigError> {
+        self.validate()?;
+        let identity = self.identity.identity()?;
+        Ok(Prepared {
+            config: self,
+            identity,
+        })
+    }
+
+    /// The top-level keys (sections, and `mode`, `body_limit`) whose values differ between
+    /// `self` and `other`, in the order of the fields.
+    pub(crate) fn differences(&self, other: &Config) -> Vec<&'static str> {
+        let (a, b) = (self, other);
+        [
+            ("mode", a.mode != b.mode),
+            ("features", a.features != b.features),
+            ("fixed", a.fixed != b.fixed),
+            ("body_limit", a.body_limit != b.body_limit),
+            ("rejection", a.rejection != b.rejection),
+            ("fifo", a.fifo != b.fifo),
+            ("budget", a.budget != b.budget),
+            ("tenants", a.tenants != b.tenants),
+            ("costs", a.costs != b.costs),
+            ("sessions", a.sessions != b.sessions),
+            ("breaker", a.breaker != b.breaker),
+            ("idempotency", a.idempotency != b.idempotency),
+            ("deadlines", a.deadlines != b.deadlines),
+            ("identity", a.identity != b.identity),
+            ("metrics", a.metrics != b.metrics),
+            ("admin", a.admin != b.admin),
+            ("distributed", a.distributed != b.distributed),
+        ]
+        .into_iter()
+        .filter_map(|(name, differs)| differs.then_some(name))
+        .collect()
+    }
+
+    /// The top-level keys this configuration sets to something other than their defaults.
+    pub(crate) fn sections(&self) -> Vec<&'static str> {
+        self.differences(&Config::default())
     }
 
     /// Checks every rule of every section; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.body_limit == 0 {
-            return Err("body_limit: must be greater than 0".into());
+            return Err(ConfigError::new("body_limit", "must be greater than 0"));
         }
         self.fixed.validate()?;
         self.fifo.validate()?;
@@ -195,7 +259,10 @@ impl Config {
         self.identity.identity()?;
         if let Some(d) = &self.distributed {
             if !cfg!(feature = "redis") {
-                return Err("distributed: this build of stormgate has no `redis` feature".into());
+                return Err(ConfigError::new(
+                    "distributed",
+                    "this build of stormgate has no `redis` feature",
+                ));
             }
             d.validate()?;
         }
@@ -219,17 +286,15 @@ mod tests {
     #[test]
     fn the_distributed_section_is_validated() {
         let err = Config::from_toml("[distributed]\nurl = \"http://redis\"\n").unwrap_err();
+        let err = err.config_error().unwrap().clone();
         if cfg!(feature = "redis") {
-            assert!(err.starts_with("distributed.url: "), "{err}");
+            assert_eq!(err.field, "distributed.url", "{err}");
             let ok = Config::from_toml("[distributed]\nlease_window_ms = 250\n").unwrap();
             let d = ok.distributed.unwrap();
             assert_eq!(d.lease_window.as_millis(), 250);
             assert_eq!(d.url, "redis://127.0.0.1:6379");
         } else {
-            assert_eq!(
-                err,
-                "distributed: this build of stormgate has no `redis` feature"
-            );
+            assert_eq!(err.field, "distributed");
         }
         assert!(Config::from_toml("").unwrap().distributed.is_none());
     }

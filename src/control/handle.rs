@@ -6,11 +6,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use arc_swap::ArcSwap;
 use axum::Router;
 
+use super::config::{Prepared, read};
+use super::document::{Document, merge_patch};
 use super::{Audit, Config, Mode, Policy, Switch};
 use crate::breaker::CircuitBreakers;
 use crate::budget::Budget;
 use crate::classify::ClassifyLayer;
 use crate::entropy::SessionGuard;
+use crate::error::{ConfigError, ControlError};
 use crate::fifo::FifoLimitLayer;
 use crate::idempotency::IdempotencyLayer;
 use crate::metrics::{self, CallMetrics};
@@ -46,6 +49,9 @@ struct Inner {
     fifo: FifoLimitLayer,
     audit: Arc<Audit>,
     last_error: Mutex<Option<String>>,
+    /// Orders every change (reloads from every source, mode flips), from reading the running
+    /// configuration to committing the next.
+    order: Mutex<()>,
 }
 
 impl std::fmt::Debug for Control {
@@ -60,8 +66,8 @@ impl Control {
     /// Builds every stage from `config` (validated first). With a `[distributed]` section
     /// (feature `redis`), it must be called inside a tokio runtime: the shared budget starts
     /// connecting to Redis in the background at once.
-    pub fn new(config: Config) -> Result<Self, String> {
-        config.validate()?;
+    pub fn new(config: Config) -> Result<Self, ControlError> {
+        let Prepared { config, identity } = config.prepare()?;
         let switch = Switch::new(config.policy());
         let budget = Budget::builder(config.budget.clone())
             .tenants(config.tenants.clone())
@@ -74,8 +80,9 @@ impl Control {
         };
         let budget = budget.try_build()?;
         let sessions = SessionGuard::with_switch(config.sessions.clone(), switch.clone())?;
-        let breakers = CircuitBreakers::new(config.breaker.clone())?;
-        let idempotency = IdempotencyLayer::new(config.idempotency.clone())?;
+        let breakers = CircuitBreakers::with_switch(config.breaker.clone(), switch.clone())?;
+        let idempotency =
+            IdempotencyLayer::with_switch(config.idempotency.clone(), switch.clone())?;
         let fifo = config.fifo.layer();
         let audit = Arc::new(Audit::default());
         metrics::set_label_caps(
@@ -83,10 +90,11 @@ impl Control {
             config.metrics.max_tool_labels,
         );
         let classify = ClassifyLayer::new()
-            .identity(config.identity.identity()?)
+            .identity(identity)
             .body_limit(config.body_limit)
             .deadlines(config.deadlines.clone())
             .format(config.rejection.clone())
+            .switch(switch.clone())
             .costs(budget.costs())
             .observers([
                 audit.clone() as Arc<dyn Observer>,
@@ -104,6 +112,7 @@ impl Control {
                 fifo,
                 audit,
                 last_error: Mutex::new(None),
+                order: Mutex::new(()),
             }),
         };
         control.apply_policy();
@@ -189,17 +198,26 @@ impl Control {
     }
 
     /// Flips the kill switch. The next request sees it; calls in flight are not failed; `off`
-    /// releases every waiting caller at once.
+    /// releases every waiting caller at once. Ordered with every reload: a flip never undoes
+    /// a concurrent reload, nor a reload a flip made before it.
     pub fn set_mode(&self, mode: Mode) {
-        let mut config = Config::clone(&self.inner.config.load());
+        self.flip(mode, Source::Code);
+    }
+
+    /// [`set_mode`](Self::set_mode), logged with its source.
+    pub(crate) fn flip(&self, mode: Mode, source: Source) {
+        let _order = self
+            .inner
+            .order
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let running = self.inner.config.load_full();
+        let mut config = Config::clone(&running);
         config.mode = mode;
+        self.inner.switch.store(config.policy());
         self.inner.config.store(Arc::new(config));
-        let policy = Policy {
-            mode,
-            ..self.policy()
-        };
-        self.inner.switch.store(policy);
         self.apply_policy();
+        tracing::info!(%source, from = running.mode.as_str(), to = mode.as_str(), "mode set");
     }
 
     fn apply_policy(&self) {
@@ -209,47 +227,114 @@ impl Control {
             .fifo
             .limiter()
             .set_bypass(policy.mode == Mode::Off || !policy.features.resource_limits);
-        for mode in [Mode::Adaptive, Mode::Fixed, Mode::Off] {
-            ::metrics::gauge!(metrics::MODE, "mode" => mode.as_str()).set(if mode == policy.mode {
-                1.0
-            } else {
-                0.0
-            });
-        }
+        policy.mode.emit();
     }
 
-    /// Applies a new configuration: validated first, and refused whole (the running one
+    /// Applies a new configuration, whole: validated first, and refused whole (the running one
     /// stays) when invalid. A valid one keeps what was learned where it still applies: the
     /// controller's averages and budget, tenants, session windows, learned weights, queues.
-    pub fn reload(&self, config: Config) -> Result<(), String> {
-        let result = self.try_reload(config);
+    ///
+    /// Settings that cannot change while running are refused by name when they differ:
+    /// `budget.sample_interval_ms`, `sessions.window_size_ms`, `sessions.buckets`, and
+    /// `[distributed]` (a configuration without it keeps the running one).
+    pub fn reload(&self, config: Config) -> Result<(), ControlError> {
+        self.change(Source::Code, |_| Ok(config))
+    }
+
+    /// Applies a configuration document (TOML, or JSON starting with `{`) that replaces the
+    /// running one. It is refused when empty, or when it leaves out a top-level key the
+    /// running configuration sets, unless it says `replace = true` (see the README's Control
+    /// section); from [`Source::Admin`] it is also refused when it would remove the admin
+    /// token.
+    pub fn reload_document(&self, text: &str, source: Source) -> Result<(), ControlError> {
+        self.change(source, |running| {
+            let document = Document::parse(text)?;
+            document.check(running)?;
+            Ok(document.config)
+        })
+    }
+
+    /// Merges a partial document (TOML or JSON, RFC 7386 merge patch) into the running
+    /// configuration and applies the result like [`reload`](Self::reload): it changes exactly
+    /// what it names.
+    pub fn patch(&self, text: &str, source: Source) -> Result<(), ControlError> {
+        self.change(source, |running| merge_patch(running, text))
+    }
+
+    /// Reads, validates and applies a TOML file, as [`reload_document`](Self::reload_document)
+    /// with [`Source::File`].
+    pub fn reload_file(&self, path: &std::path::Path) -> Result<(), ControlError> {
+        self.reload_path(path, Source::File)
+    }
+
+    pub(crate) fn reload_path(
+        &self,
+        path: &std::path::Path,
+        source: Source,
+    ) -> Result<(), ControlError> {
+        self.change(source, |running| {
+            let document = Document::parse(&read(path)?)?;
+            document.check(running)?;
+            Ok(document.config)
+        })
+    }
+
+    /// The one path of every configuration change: under the lock that orders them all, the
+    /// next configuration is made from the running one, prepared (everything that can fail)
+    /// and committed (nothing can fail), then counted, kept as the last error if refused,
+    /// and logged.
+    fn change(
+        &self,
+        source: Source,
+        next: impl FnOnce(&Config) -> Result<Config, ControlError>,
+    ) -> Result<(), ControlError> {
+        let _order = self
+            .inner
+            .order
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let running = self.inner.config.load_full();
+        let prepared = next(&running).and_then(|config| prepare(&running, config, &source));
+        let result = prepared.map(|prepared| {
+            let changed = running.differences(&prepared.config);
+            self.commit(prepared);
+            changed
+        });
         let label = if result.is_ok() { "ok" } else { "invalid" };
         ::metrics::counter!(metrics::RELOADS, "result" => label).increment(1);
         *self
             .inner
             .last_error
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = result.clone().err();
-        result
+            .unwrap_or_else(PoisonError::into_inner) = result.as_ref().err().map(|e| e.to_string());
+        match result {
+            Ok(changed) => {
+                tracing::info!(%source, ?changed, "configuration reloaded");
+                Ok(())
+            }
+            Err(error) => {
+                tracing::warn!(%source, %error, "configuration change refused; the running one stays");
+                Err(error)
+            }
+        }
     }
 
-    fn try_reload(&self, mut config: Config) -> Result<(), String> {
-        config.validate()?;
+    /// Applies a prepared configuration to every stage. Nothing here can fail.
+    fn commit(&self, prepared: Prepared) {
         let inner = &*self.inner;
-        // The shared budget's connection is made once, at start.
-        config.distributed = inner.config.load().distributed.clone();
+        let Prepared { config, identity } = prepared;
         inner
             .budget
-            .reconfigure(config.budget.clone(), config.tenants.clone(), &config.costs)?;
-        inner.sessions.reconfigure(config.sessions.clone())?;
-        inner.breakers.reconfigure(config.breaker.clone())?;
-        inner.idempotency.reconfigure(config.idempotency.clone())?;
+            .set_config(config.budget.clone(), config.tenants.clone(), &config.costs);
+        inner.sessions.set_config(config.sessions.clone());
+        inner.breakers.set_config(config.breaker.clone());
+        inner.idempotency.set_config(config.idempotency.clone());
         config.fifo.apply(&inner.fifo);
-        inner.classify.set_deadlines(config.deadlines.clone());
         inner.classify.reconfigure(
             config.body_limit,
             config.rejection.clone(),
-            config.identity.identity()?,
+            identity,
+            config.deadlines.clone(),
         );
         metrics::set_label_caps(
             config.metrics.max_tenant_labels,
@@ -258,23 +343,6 @@ impl Control {
         inner.switch.store(config.policy());
         inner.config.store(Arc::new(config));
         self.apply_policy();
-        Ok(())
-    }
-
-    /// Reads, validates and applies a TOML file.
-    pub fn reload_file(&self, path: &std::path::Path) -> Result<(), String> {
-        match Config::load(path) {
-            Ok(config) => self.reload(config),
-            Err(e) => {
-                ::metrics::counter!(metrics::RELOADS, "result" => "invalid").increment(1);
-                *self
-                    .inner
-                    .last_error
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(e.clone());
-                Err(e)
-            }
-        }
     }
 
     /// Reloads `path` on every SIGHUP (unix), until the returned task is aborted.
@@ -285,8 +353,78 @@ impl Control {
         let control = self.clone();
         Ok(tokio::spawn(async move {
             while hup.recv().await.is_some() {
-                let _ = control.reload_file(&path);
+                let _ = control.reload_path(&path, Source::Signal);
             }
         }))
     }
+}
+
+/// Where a configuration change came from, as logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Source {
+    /// The control handle, in code.
+    Code,
+    /// The watched file.
+    File,
+    /// SIGHUP.
+    Signal,
+    /// The admin routes, with the caller's address when the server records it
+    /// (`into_make_service_with_connect_info::<SocketAddr>()`).
+    Admin(Option<std::net::SocketAddr>),
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Code => f.write_str("code"),
+            Source::File => f.write_str("file"),
+            Source::Signal => f.write_str("sighup"),
+            Source::Admin(Some(addr)) => write!(f, "admin from {addr}"),
+            Source::Admin(None) => f.write_str("admin"),
+        }
+    }
+}
+
+/// Everything about a change that can fail: validation, the settings that cannot change
+/// while running, the admin lock-out rule.
+fn prepare(running: &Config, mut next: Config, source: &Source) -> Result<Prepared, ControlError> {
+    if next.distributed.is_none() {
+        next.distributed.clone_from(&running.distributed);
+    }
+    let next = next.prepare()?;
+    let fixed = [
+        (
+            "distributed",
+            running.distributed != next.config.distributed,
+        ),
+        (
+            "budget.sample_interval_ms",
+            running.budget.sample_interval != next.config.budget.sample_interval,
+        ),
+        (
+            "sessions.window_size_ms",
+            running.sessions.window_size != next.config.sessions.window_size,
+        ),
+        (
+            "sessions.buckets",
+            running.sessions.buckets != next.config.sessions.buckets,
+        ),
+    ];
+    if let Some((field, _)) = fixed.into_iter().find(|(_, changed)| *changed) {
+        return Err(
+            ConfigError::new(field, "cannot change while running (restart to change it)").into(),
+        );
+    }
+    if matches!(source, Source::Admin(_))
+        && running.admin.token().is_some()
+        && next.config.admin.token().is_none()
+    {
+        return Err(ConfigError::new(
+            "admin",
+            "the change leaves no admin token: it would lock the admin API out (set the token through the file)",
+        )
+        .into());
+    }
+    Ok(next)
 }

@@ -1,6 +1,7 @@
 //! The running policy: the kill switch's mode, the feature switches and the fixed limits, as one
 //! immutable snapshot swapped atomically.
 
+use crate::error::ConfigError;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -83,14 +84,17 @@ pub struct FixedLimits {
 
 impl FixedLimits {
     /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         for (name, v) in [
             ("global_rate", self.global_rate),
             ("tenant_rate", self.tenant_rate),
             ("session_rate", self.session_rate),
         ] {
             if v.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
-                return Err(format!("fixed.{name}: must be greater than 0"));
+                return Err(ConfigError::new(
+                    format!("fixed.{name}"),
+                    "must be greater than 0",
+                ));
             }
         }
         Ok(())

@@ -5,17 +5,20 @@ use std::time::Duration;
 
 use notify::{EventKind, RecursiveMode, Watcher};
 
-use super::Control;
+use super::{Control, Source};
+use crate::error::ControlError;
 
-/// How long a burst of file events is let settle before the file is read (editors write a
-/// file in several steps).
+/// How long a file must stay unchanged (no event) before it is read: editors and deploy
+/// tools write a file in several steps, and a half-written file must not be applied.
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
 
 impl Control {
-    /// Reloads `path` whenever it changes (debounced by [`DEBOUNCE`]), until the returned task
-    /// is aborted. An invalid file is refused like any invalid reload: the error is kept in
-    /// [`Control::last_error`], counted, and the running configuration stays.
-    pub fn watch_file(&self, path: PathBuf) -> Result<tokio::task::JoinHandle<()>, String> {
+    /// Reloads `path` whenever it changes and then stays unchanged for [`DEBOUNCE`], until the
+    /// returned task is aborted. The file goes through
+    /// [`reload_document`](Control::reload_document): an invalid, empty or cut-short file is
+    /// refused like any invalid reload (kept in [`Control::last_error`], counted, logged), and
+    /// the running configuration stays.
+    pub fn watch_file(&self, path: PathBuf) -> Result<tokio::task::JoinHandle<()>, ControlError> {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
         let name = path.file_name().map(|n| n.to_owned());
         let mut watcher =
@@ -29,7 +32,10 @@ impl Control {
                     let _ = tx.try_send(());
                 }
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(|source| ControlError::Watch {
+                path: path.clone(),
+                source,
+            })?;
         // The directory, not the file: editors often replace a file by renaming a new one.
         let dir = path
             .parent()
@@ -37,14 +43,23 @@ impl Control {
             .map_or_else(|| PathBuf::from("."), PathBuf::from);
         watcher
             .watch(&dir, RecursiveMode::NonRecursive)
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+            .map_err(|source| ControlError::Watch {
+                path: dir.clone(),
+                source,
+            })?;
         let control = self.clone();
         Ok(tokio::spawn(async move {
             let _watcher = watcher; // watching as long as the task lives
             while rx.recv().await.is_some() {
-                tokio::time::sleep(DEBOUNCE).await;
-                while rx.try_recv().is_ok() {}
-                let _ = control.reload_file(&path);
+                // Quiet for a whole window: a writer still at work sends more events.
+                loop {
+                    tokio::time::sleep(DEBOUNCE).await;
+                    if rx.try_recv().is_err() {
+                        break;
+                    }
+                    while rx.try_recv().is_ok() {}
+                }
+                let _ = control.reload_path(&path, Source::File);
             }
         }))
     }

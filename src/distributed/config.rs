@@ -1,6 +1,7 @@
 //! The `[distributed]` settings: where Redis is, how long a lease window lasts, what to do
 //! when Redis does not answer.
 
+use crate::error::ConfigError;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -107,43 +108,56 @@ impl Default for DistributedConfig {
 
 impl DistributedConfig {
     /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let url = self.url.as_str();
         if !["redis://", "rediss://", "unix://", "redis+unix://"]
             .iter()
             .any(|scheme| url.starts_with(scheme))
         {
-            return Err(format!(
-                "distributed.url: {url:?} is not a redis://, rediss:// or unix:// URL"
+            return Err(ConfigError::new(
+                "distributed.url",
+                format!("{url:?} is not a redis://, rediss:// or unix:// URL"),
             ));
         }
         if self.prefix.is_empty() || self.prefix.contains(['{', '}']) {
-            return Err("distributed.prefix: must be non-empty, without '{' or '}'".into());
+            return Err(ConfigError::new(
+                "distributed.prefix",
+                "must be non-empty, without '{' or '}'",
+            ));
         }
         if self.node_id.as_ref().is_some_and(|n| n.is_empty()) {
-            return Err("distributed.node_id: must not be empty".into());
+            return Err(ConfigError::new("distributed.node_id", "must not be empty"));
         }
         let window = self.lease_window.as_millis();
         if !(10..=1000).contains(&window) {
-            return Err("distributed.lease_window_ms: must be in 10..=1000".into());
+            return Err(ConfigError::new(
+                "distributed.lease_window_ms",
+                "must be in 10..=1000",
+            ));
         }
         if self.timeout.is_zero() || self.timeout >= self.lease_window {
-            return Err(
-                "distributed.timeout_ms: must be greater than 0 and less than lease_window_ms"
-                    .into(),
-            );
+            return Err(ConfigError::new(
+                "distributed.timeout_ms",
+                "must be greater than 0 and less than lease_window_ms",
+            ));
         }
         if self.expected_nodes == Some(0) {
-            return Err("distributed.expected_nodes: must be at least 1".into());
+            return Err(ConfigError::new(
+                "distributed.expected_nodes",
+                "must be at least 1",
+            ));
         }
         if self.proposal_ttl < self.lease_window || self.proposal_ttl < 4 * self.timeout {
-            return Err(
-                "distributed.proposal_ttl_ms: must be at least lease_window_ms and 4 x timeout_ms"
-                    .into(),
-            );
+            return Err(ConfigError::new(
+                "distributed.proposal_ttl_ms",
+                "must be at least lease_window_ms and 4 x timeout_ms",
+            ));
         }
         if self.max_backoff < Duration::from_millis(25) {
-            return Err("distributed.max_backoff_ms: must be at least 25".into());
+            return Err(ConfigError::new(
+                "distributed.max_backoff_ms",
+                "must be at least 25",
+            ));
         }
         Ok(())
     }
@@ -158,7 +172,7 @@ mod tests {
         let bad = |f: fn(&mut DistributedConfig)| {
             let mut c = DistributedConfig::default();
             f(&mut c);
-            c.validate().unwrap_err()
+            c.validate().unwrap_err().field
         };
         assert!(DistributedConfig::default().validate().is_ok());
         assert!(bad(|c| c.url = "http://x".into()).starts_with("distributed.url"));

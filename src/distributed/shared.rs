@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use super::lease::{Lease, Sizer, Spend, Target, WindowClock};
 use super::store::{Combine, LeaseCall, Reply, ScopeCall, Store, StoreError};
 use super::{DistributedConfig, FailureMode};
+use crate::error::ControlError;
 use crate::metrics;
 
 /// Whether a node is spending shared leases or running in its failure mode.
@@ -198,10 +199,9 @@ impl SharedBudget {
     /// background on the current tokio runtime (an error outside one). It is in
     /// [`SharedMode::Fallback`] until Redis first answers; [`ready`](Self::ready) waits for
     /// that.
-    pub fn new(config: DistributedConfig) -> Result<Self, String> {
+    pub fn new(config: DistributedConfig) -> Result<Self, ControlError> {
         config.validate()?;
-        let handle = Handle::try_current()
-            .map_err(|_| "distributed: must be started inside a tokio runtime".to_owned())?;
+        let handle = Handle::try_current().map_err(|_| ControlError::NoRuntime("distributed"))?;
         let store = Store::new(&config.url, config.timeout)?;
         let node = config.node_id.clone().unwrap_or_else(|| {
             let nanos = std::time::SystemTime::now()

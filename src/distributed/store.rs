@@ -7,6 +7,7 @@
 //! by its keys, so this works on Redis Cluster too (unlike `SCRIPT LOAD`, which goes to one
 //! node). Every key of a cluster shares one hash tag: one slot per call.
 
+use crate::error::ConfigError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -178,9 +179,9 @@ pub(crate) struct Store {
 
 impl Store {
     /// A store for `url` (no I/O yet).
-    pub(crate) fn new(url: &str, timeout: Duration) -> Result<Self, String> {
-        let client =
-            Client::open(url).map_err(|e| format!("distributed.url: {url:?} is invalid: {e}"))?;
+    pub(crate) fn new(url: &str, timeout: Duration) -> Result<Self, ConfigError> {
+        let client = Client::open(url)
+            .map_err(|e| ConfigError::new("distributed.url", format!("{url:?} is invalid: {e}")))?;
         Ok(Store {
             client,
             hash: redis::Script::new(LEASE_SCRIPT).get_hash().to_owned(),

@@ -1,5 +1,6 @@
 //! The session guard: per-session windows, health, storm score and budget.
 
+use crate::error::ConfigError;
 use std::collections::BTreeMap;
 use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -100,49 +101,68 @@ impl Default for SessionConfig {
 
 impl SessionConfig {
     /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let positive = |name: &str, v: f64| {
             if v.is_finite() && v > 0.0 {
                 Ok(())
             } else {
-                Err(format!("sessions.{name}: must be greater than 0"))
+                Err(ConfigError::new(
+                    format!("sessions.{name}"),
+                    "must be greater than 0",
+                ))
             }
         };
         if self.window_size.is_zero() {
-            return Err("sessions.window_size_ms: must be greater than 0".into());
+            return Err(ConfigError::new(
+                "sessions.window_size_ms",
+                "must be greater than 0",
+            ));
         }
         if self.buckets == 0 {
-            return Err("sessions.buckets: must be at least 1".into());
+            return Err(ConfigError::new("sessions.buckets", "must be at least 1"));
         }
         if self.max_keys == 0 {
-            return Err("sessions.max_keys: must be at least 1".into());
+            return Err(ConfigError::new("sessions.max_keys", "must be at least 1"));
         }
         positive("base_budget", self.base_budget)?;
         positive("burst", self.burst)?;
         positive("error_tolerance", self.error_tolerance)?;
         positive("latency_tolerance", self.latency_tolerance)?;
         if !(self.entropy_coefficient.is_finite() && self.entropy_coefficient >= 0.0) {
-            return Err("sessions.entropy_coefficient: must be 0 or more".into());
+            return Err(ConfigError::new(
+                "sessions.entropy_coefficient",
+                "must be 0 or more",
+            ));
         }
         if !(self.min_factor > 0.0 && self.min_factor <= 1.0) {
-            return Err("sessions.min_factor: must be in (0, 1]".into());
+            return Err(ConfigError::new("sessions.min_factor", "must be in (0, 1]"));
         }
         if !(self.recover_step.is_finite() && self.recover_step > 0.0) {
-            return Err("sessions.recover_step: must be greater than 0".into());
+            return Err(ConfigError::new(
+                "sessions.recover_step",
+                "must be greater than 0",
+            ));
         }
         if self.max_sessions == 0 {
-            return Err("sessions.max_sessions: must be at least 1".into());
+            return Err(ConfigError::new(
+                "sessions.max_sessions",
+                "must be at least 1",
+            ));
         }
         if self.idle_ttl.is_zero() {
-            return Err("sessions.idle_ttl_ms: must be greater than 0".into());
+            return Err(ConfigError::new(
+                "sessions.idle_ttl_ms",
+                "must be greater than 0",
+            ));
         }
         for (tool, pointers) in &self.resource_keys {
             if let Some(p) = pointers
                 .iter()
                 .find(|p| !p.is_empty() && !p.starts_with('/'))
             {
-                return Err(format!(
-                    "sessions.resource_keys.{tool}: {p:?} is not a JSON pointer (starts with /)"
+                return Err(ConfigError::new(
+                    format!("sessions.resource_keys.{tool}"),
+                    format!("{p:?} is not a JSON pointer (starts with /)"),
                 ));
             }
         }
@@ -272,12 +292,12 @@ fn hash_value(v: &Value, h: &mut DefaultHasher) {
 
 impl SessionGuard {
     /// A guard with these settings, always adaptive.
-    pub fn new(config: SessionConfig) -> Result<Self, String> {
+    pub fn new(config: SessionConfig) -> Result<Self, ConfigError> {
         Self::with_switch(config, Switch::default())
     }
 
     /// A guard with these settings that follows the kill switch `switch`.
-    pub fn with_switch(config: SessionConfig, switch: Switch) -> Result<Self, String> {
+    pub fn with_switch(config: SessionConfig, switch: Switch) -> Result<Self, ConfigError> {
         config.validate()?;
         let guard = SessionGuard {
             inner: Arc::new(Inner {
@@ -298,10 +318,15 @@ impl SessionGuard {
 
     /// Takes new settings, keeping every session's window, health and budget. A new window
     /// size or bucket count applies to sessions first seen after the reload.
-    pub fn reconfigure(&self, config: SessionConfig) -> Result<(), String> {
+    pub fn reconfigure(&self, config: SessionConfig) -> Result<(), ConfigError> {
         config.validate()?;
-        self.inner.config.store(Arc::new(config));
+        self.set_config(config);
         Ok(())
+    }
+
+    /// [`reconfigure`](Self::reconfigure) with settings already validated.
+    pub(crate) fn set_config(&self, config: SessionConfig) {
+        self.inner.config.store(Arc::new(config));
     }
 
     fn session(id: SessionId, config: &SessionConfig) -> Session {

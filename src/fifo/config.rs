@@ -1,5 +1,6 @@
 //! The FIFO limiter's configuration, as it appears in a config file.
 
+use crate::error::ConfigError;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -45,17 +46,17 @@ impl Default for FifoConfig {
 
 impl FifoConfig {
     /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_keys == 0 {
-            return Err("fifo.max_keys: must be at least 1".into());
+            return Err(ConfigError::new("fifo.max_keys", "must be at least 1"));
         }
         self.default
             .validate()
-            .map_err(|e| format!("fifo.default.{e}"))?;
+            .map_err(|e| e.within("fifo.default"))?;
         for (key, limits) in &self.keys {
             limits
                 .validate()
-                .map_err(|e| format!("fifo.keys.{key}.{e}"))?;
+                .map_err(|e| e.within(&format!("fifo.keys.{key}")))?;
         }
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! The per-key limits of the FIFO limiter, and the seeds' presets.
 
+use crate::error::ConfigError;
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
 
@@ -78,14 +79,18 @@ impl ResourceLimits {
     }
 
     /// Checks the rules serde cannot (the error starts with the field's name).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.queue_timeout.is_some_and(|t| t.is_zero()) {
-            return Err(
-                "queue_timeout_ms: must be greater than 0 (absent: wait without limit)".into(),
-            );
+            return Err(ConfigError::new(
+                "queue_timeout_ms",
+                "must be greater than 0 (absent: wait without limit)",
+            ));
         }
         if self.window.is_some_and(|w| w.length.is_zero()) {
-            return Err("window.length_ms: must be greater than 0".into());
+            return Err(ConfigError::new(
+                "window.length_ms",
+                "must be greater than 0",
+            ));
         }
         Ok(())
     }

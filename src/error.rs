@@ -1,0 +1,144 @@
+//! The errors of configuration: a field that breaks a rule, and a refused change.
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// A configuration field that breaks a rule. `Display` gives `field: rule`, e.g.
+/// `budget.alpha: must be in (0, 1]`; tests and callers match the fields, not the text.
+///
+/// ```
+/// use stormgate::control::Config;
+///
+/// let mut config = Config::default();
+/// config.budget.alpha = 2.0;
+/// let err = config.validate().unwrap_err();
+/// assert_eq!(err.field, "budget.alpha");
+/// assert_eq!(err.rule, "must be in (0, 1]");
+/// assert_eq!(err.to_string(), "budget.alpha: must be in (0, 1]");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConfigError {
+    /// The field's path in the configuration, dotted (`fifo.keys.db.queue_timeout_ms`).
+    pub field: Cow<'static, str>,
+    /// The rule it breaks, in words (`must be greater than 0`).
+    pub rule: Cow<'static, str>,
+}
+
+impl ConfigError {
+    /// `field` breaks `rule`.
+    pub fn new(field: impl Into<Cow<'static, str>>, rule: impl Into<Cow<'static, str>>) -> Self {
+        ConfigError {
+            field: field.into(),
+            rule: rule.into(),
+        }
+    }
+
+    /// The same error for a field inside `section` (`section.field`).
+    pub(crate) fn within(self, section: &str) -> Self {
+        ConfigError {
+            field: format!("{section}.{}", self.field).into(),
+            rule: self.rule,
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.rule)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Why the control handle refused a configuration change, or could not start a reload path.
+/// The running configuration stays whenever a change is refused.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// A field breaks a rule (validation, a setting that cannot change while running, a
+    /// section a document leaves out, a change that would lock the admin API out).
+    Invalid(ConfigError),
+    /// The document is empty: nothing to apply (an empty file is refused unless it says
+    /// `replace = true`).
+    Empty,
+    /// The TOML text does not parse, or does not fit the configuration's shape.
+    Toml(toml::de::Error),
+    /// The JSON text does not parse, or does not fit the configuration's shape.
+    Json(serde_json::Error),
+    /// A configuration file could not be read.
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A configuration file could not be watched.
+    Watch {
+        /// The directory watched.
+        path: std::path::PathBuf,
+        /// The error.
+        source: notify::Error,
+    },
+    /// The stage needs a tokio runtime and was built outside one.
+    NoRuntime(&'static str),
+}
+
+impl ControlError {
+    /// The rule broken, when the refusal is about a field.
+    pub fn config_error(&self) -> Option<&ConfigError> {
+        match self {
+            ControlError::Invalid(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ControlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlError::Invalid(e) => e.fmt(f),
+            ControlError::Empty => f.write_str(
+                "the document is empty: nothing applied (write `replace = true` to reset every section to its default)",
+            ),
+            ControlError::Toml(e) => f.write_str(e.to_string().trim()),
+            ControlError::Json(e) => e.fmt(f),
+            ControlError::Read { path, source } => write!(f, "{}: {source}", path.display()),
+            ControlError::Watch { path, source } => {
+                write!(f, "cannot watch {}: {source}", path.display())
+            }
+            ControlError::NoRuntime(what) => write!(f, "{what}: must be started inside a tokio runtime"),
+        }
+    }
+}
+
+impl std::error::Error for ControlError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ControlError::Invalid(e) => Some(e),
+            ControlError::Empty | ControlError::NoRuntime(_) => None,
+            ControlError::Toml(e) => Some(e),
+            ControlError::Json(e) => Some(e),
+            ControlError::Read { source, .. } => Some(source),
+            ControlError::Watch { source, .. } => Some(source),
+        }
+    }
+}
+
+impl From<ConfigError> for ControlError {
+    fn from(e: ConfigError) -> Self {
+        ControlError::Invalid(e)
+    }
+}
+
+impl From<toml::de::Error> for ControlError {
+    fn from(e: toml::de::Error) -> Self {
+        ControlError::Toml(e)
+    }
+}
+
+impl From<serde_json::Error> for ControlError {
+    fn from(e: serde_json::Error) -> Self {
+        ControlError::Json(e)
+    }
+}
