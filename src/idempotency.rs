@@ -186,6 +186,11 @@ impl IdempotencyLayer {
         })
     }
 
+    /// The settings in force.
+    pub fn config(&self) -> Arc<IdempotencyConfig> {
+        self.shared.config.load_full()
+    }
+
     /// Takes new settings; kept answers stay.
     pub fn reconfigure(&self, config: IdempotencyConfig) -> Result<(), ConfigError> {
         config.validate()?;

@@ -179,6 +179,11 @@ impl CircuitBreakers {
         self.inner.config.store(Arc::new(config));
     }
 
+    /// The settings in force.
+    pub fn config(&self) -> Arc<BreakerConfig> {
+        self.inner.config.load_full()
+    }
+
     /// The admission stage: `AdmitLayer` over these breakers.
     pub fn layer(&self) -> AdmitLayer<CircuitBreakers> {
         AdmitLayer::new(self.clone())

@@ -249,6 +249,12 @@ impl Budget {
         u64::try_from(self.inner.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// The settings in force: the budget's and the tenants'.
+    pub fn config(&self) -> (BudgetConfig, TenantConfig) {
+        let st = self.inner.settings.load();
+        (st.config.clone(), st.tenants.clone())
+    }
+
     /// The budget now, in cost units per second.
     pub fn current(&self) -> f64 {
         self.health().budget

@@ -192,6 +192,11 @@ impl Control {
         &self.inner.fifo
     }
 
+    /// The idempotency layer.
+    pub fn idempotency(&self) -> &IdempotencyLayer {
+        &self.inner.idempotency
+    }
+
     /// The invocation audit.
     pub fn audit(&self) -> &Audit {
         &self.inner.audit

@@ -360,6 +360,11 @@ impl SessionGuard {
         Arc::new(self.clone())
     }
 
+    /// The settings in force.
+    pub fn config(&self) -> Arc<SessionConfig> {
+        self.inner.config.load_full()
+    }
+
     /// Sessions tracked now (the overflow session not included).
     pub fn len(&self) -> usize {
         self.inner.sessions.len()

@@ -1,0 +1,206 @@
+//! The kill switch governs every stage. For each stage, a stack where only that stage limits,
+//! driven through the real example server in each mode: what each mode refuses.
+
+mod common;
+
+#[path = "../examples/mcp_server/app.rs"]
+mod app;
+
+use std::collections::BTreeSet;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use common::{message, session, tool_call};
+use serde_json::{Value, json};
+use stormgate::Call;
+use stormgate::control::{Config, Mode};
+use stormgate::fifo::ResourceLimits;
+use stormgate::idempotency::Missing;
+use stormgate::outcome::{Observation, Observer, Outcome};
+use tower::ServiceExt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    GlobalBudget,
+    SessionGuard,
+    Breaker,
+    Fifo,
+    Deadline,
+    Idempotency,
+}
+
+/// A configuration in which only `stage` limits (and the fixed-mode limit that replaces it).
+fn config(stage: Stage) -> Config {
+    let mut c = Config::default();
+    c.features.tenant_budgets = false;
+    match stage {
+        Stage::GlobalBudget => {
+            c.budget.stable_budget = 1.0;
+            c.fixed.global_rate = Some(1.0);
+        }
+        Stage::SessionGuard => {
+            c.sessions.base_budget = 1.0;
+            c.sessions.burst = 1.0;
+            c.fixed.session_rate = Some(1.0);
+        }
+        Stage::Breaker => {
+            c.breaker.tools.insert("sql_scan".into());
+            c.breaker.window_calls = 1;
+            c.breaker.min_calls = 1;
+        }
+        Stage::Fifo => {
+            c.fifo.keys.insert(
+                "db".into(),
+                ResourceLimits::default()
+                    .max_concurrent(NonZeroUsize::MIN)
+                    .max_queue_depth(0),
+            );
+            c.fifo.tools.insert("sql_scan".into(), "db".into());
+        }
+        Stage::Deadline => {
+            c.deadlines.tools_ms.insert("sql_scan".into(), 50);
+        }
+        Stage::Idempotency => {
+            c.idempotency.tools.insert("create_order".into());
+            c.idempotency.missing = Missing::Reject;
+        }
+    }
+    c
+}
+
+/// What an answer refused, if anything: the contract's reason, or the idempotency error.
+fn refusal(msg: &Value) -> Option<String> {
+    let error = msg.get("error")?;
+    if let Some(reason) = error["data"]["reason"].as_str() {
+        return Some(reason.to_owned());
+    }
+    assert_eq!(error["code"], -32602, "{msg}");
+    Some("missing_idempotency_key".into())
+}
+
+/// The refusals `stage` makes of its trigger in `mode`.
+async fn refusals(stage: Stage, mode: Mode) -> BTreeSet<String> {
+    let (router, control) = app::protected(app::Backend::new(), config(stage)).unwrap();
+    let sid = session(&router).await;
+    tokio::time::advance(Duration::from_secs(10)).await; // every bucket full again
+    control.set_mode(mode);
+    let call = |id: usize, tool: &str, args: Value| {
+        let r = router.clone();
+        let req = tool_call(&sid, id, tool, args);
+        tokio::spawn(async move { message(r.oneshot(req).await.unwrap()).await.0 })
+    };
+    let scan = json!({"table": "orders"});
+    let handles = match stage {
+        // Five quick calls: more than a bucket of one holds.
+        Stage::GlobalBudget | Stage::SessionGuard => {
+            let mut answers = Vec::new();
+            for i in 0..5 {
+                answers.push(call(i, "cache_get", json!({"key": "k"})).await.unwrap());
+            }
+            return answers.iter().filter_map(refusal).collect();
+        }
+        Stage::Breaker => {
+            // One failure opens it (a window of one).
+            let failed = Call::request("tools/call").with_tool("sql_scan");
+            control.breakers().observe(&Observation {
+                call: &failed,
+                outcome: Outcome::Error,
+                service_time: Duration::from_millis(1),
+                response_bytes: 0,
+                queue_wait: Duration::ZERO,
+            });
+            vec![call(1, "sql_scan", scan)]
+        }
+        // Two at once where one may run and none may wait.
+        Stage::Fifo => vec![call(1, "sql_scan", scan.clone()), call(2, "sql_scan", scan)],
+        // A 200 ms scan with a 50 ms deadline.
+        Stage::Deadline => vec![call(1, "sql_scan", scan)],
+        // A write without a key.
+        Stage::Idempotency => vec![call(1, "create_order", json!({"item": "a", "quantity": 1}))],
+    };
+    let mut refused = BTreeSet::new();
+    for h in handles {
+        let msg = h.await.unwrap();
+        match refusal(&msg) {
+            Some(r) => {
+                refused.insert(r);
+            }
+            None => assert_eq!(msg["result"]["isError"], false, "{msg}"),
+        }
+    }
+    refused
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_mode_refuses_exactly_what_it_says_at_every_stage() {
+    let set = |r: &[&str]| r.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    let table: [(Stage, [&[&str]; 3]); 6] = [
+        // stage            adaptive                         fixed                      off
+        (
+            Stage::GlobalBudget,
+            [&["global_budget_exceeded"], &["fixed_limit_exceeded"], &[]],
+        ),
+        (
+            Stage::SessionGuard,
+            [&["session_budget_exceeded"], &["fixed_limit_exceeded"], &[]],
+        ),
+        (Stage::Breaker, [&["circuit_open"], &["circuit_open"], &[]]),
+        (Stage::Fifo, [&["queue_full"], &["queue_full"], &[]]),
+        (
+            Stage::Deadline,
+            [&["deadline_exceeded"], &["deadline_exceeded"], &[]],
+        ),
+        (
+            Stage::Idempotency,
+            [
+                &["missing_idempotency_key"],
+                &["missing_idempotency_key"],
+                &[],
+            ],
+        ),
+    ];
+    for (stage, expected) in table {
+        for (mode, want) in [Mode::Adaptive, Mode::Fixed, Mode::Off]
+            .into_iter()
+            .zip(expected)
+        {
+            assert_eq!(
+                refusals(stage, mode).await,
+                set(want),
+                "{stage:?} in {mode:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn off_still_measures_breakers_open_on_the_outcomes_seen_while_off() {
+    let (router, control) = app::protected(app::Backend::new(), config(Stage::Breaker)).unwrap();
+    let sid = session(&router).await;
+    control.set_mode(Mode::Off);
+    let failed = Call::request("tools/call").with_tool("sql_scan");
+    control.breakers().observe(&Observation {
+        call: &failed,
+        outcome: Outcome::Error,
+        service_time: Duration::from_millis(1),
+        response_bytes: 0,
+        queue_wait: Duration::ZERO,
+    });
+    assert!(
+        matches!(
+            control.breakers().state("sql_scan"),
+            Some(stormgate::breaker::BreakerState::Open { .. })
+        ),
+        "recorded while off"
+    );
+    let req = tool_call(&sid, 1, "sql_scan", json!({"table": "t"}));
+    let (msg, _) = message(router.clone().oneshot(req).await.unwrap()).await;
+    assert_eq!(
+        msg["result"]["isError"], false,
+        "off refuses nothing: {msg}"
+    );
+    control.set_mode(Mode::Adaptive);
+    let req = tool_call(&sid, 2, "sql_scan", json!({"table": "t"}));
+    let (msg, _) = message(router.clone().oneshot(req).await.unwrap()).await;
+    assert_eq!(msg["error"]["data"]["reason"], "circuit_open", "{msg}");
+}

@@ -1,0 +1,350 @@
+//! Reloads are ordered and transactional, careless documents are refused, the admin routes go
+//! through the same path (counted, kept as the last error, logged), and nothing locks the
+//! admin API out.
+
+use std::io::Write;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use stormgate::control::{Config, Control, ControlError, Mode, Source};
+use stormgate::fifo::ResourceLimits;
+use tower::ServiceExt;
+
+const EXAMPLE: &str = include_str!("../examples/stormgate.toml");
+
+/// The example configuration with a literal admin token.
+fn example() -> String {
+    EXAMPLE.replace(
+        "token_env = \"STORMGATE_ADMIN_TOKEN\"",
+        "token = \"s3cret\"",
+    )
+}
+
+/// The text up to the last whole line within its first 2 861 bytes.
+fn cut_short(text: &str) -> &str {
+    &text[..=text[..2861].rfind('\n').unwrap()]
+}
+
+fn two_configs() -> (Config, Config) {
+    let mut a = Config::default();
+    a.budget.stable_budget = 1000.0;
+    a.sessions.base_budget = 5.0;
+    a.breaker.window_calls = 20;
+    a.idempotency.max_entries = 10;
+    a.fifo.keys.insert(
+        "db".into(),
+        ResourceLimits::default().max_concurrent(NonZeroUsize::MIN),
+    );
+    let mut b = Config::default();
+    b.budget.stable_budget = 3000.0;
+    b.sessions.base_budget = 9.0;
+    b.breaker.window_calls = 30;
+    b.idempotency.max_entries = 20;
+    b.fifo.keys.insert(
+        "db".into(),
+        ResourceLimits::default().max_concurrent(NonZeroUsize::new(4).unwrap()),
+    );
+    (a, b)
+}
+
+/// What every stage runs with now equals `config()`, which is one of the two whole configs.
+fn assert_whole(control: &Control, a: &Config, b: &Config) {
+    let running = control.config();
+    let whole = if running.budget == a.budget { a } else { b };
+    assert_eq!(
+        Config {
+            mode: whole.mode,
+            ..Config::clone(&running)
+        },
+        Config {
+            mode: whole.mode,
+            ..whole.clone()
+        },
+        "config() is one whole config"
+    );
+    assert_eq!(
+        control.policy().mode,
+        running.mode,
+        "the mode config() says"
+    );
+    assert_eq!(control.budget().config().0, running.budget);
+    assert_eq!(*control.sessions().config(), running.sessions);
+    assert_eq!(*control.breakers().config(), running.breaker);
+    assert_eq!(*control.idempotency().config(), running.idempotency);
+    assert_eq!(
+        control.fifo().limiter().limits("db"),
+        running.fifo.keys["db"]
+    );
+}
+
+#[test]
+fn concurrent_reloads_and_flips_never_mix_two_configs() {
+    let (a, b) = two_configs();
+    let control = Control::new(a.clone()).unwrap();
+    let modes = [Mode::Off, Mode::Fixed, Mode::Adaptive];
+    for round in 0..2000 {
+        std::thread::scope(|s| {
+            s.spawn(|| control.reload(a.clone()).unwrap());
+            s.spawn(|| control.reload(b.clone()).unwrap());
+            s.spawn(|| control.set_mode(modes[round % 3]));
+        });
+        assert_whole(&control, &a, &b);
+    }
+}
+
+#[test]
+fn a_refused_change_changes_nothing_and_says_which_field() {
+    let (a, b) = two_configs();
+    let control = Control::new(a.clone()).unwrap();
+    let cases: [(&str, fn(&mut Config)); 4] = [
+        ("budget.alpha", |c| c.budget.alpha = 2.0),
+        ("budget.sample_interval_ms", |c| {
+            c.budget.sample_interval = Duration::from_millis(250)
+        }),
+        ("sessions.window_size_ms", |c| {
+            c.sessions.window_size = Duration::from_secs(30)
+        }),
+        ("sessions.buckets", |c| c.sessions.buckets += 1),
+    ];
+    for (field, change) in cases {
+        let mut next = b.clone();
+        change(&mut next);
+        let err = control.reload(next).unwrap_err();
+        assert_eq!(err.config_error().map(|e| &*e.field), Some(field), "{err}");
+        assert_eq!(control.last_error(), Some(err.to_string()));
+        assert_eq!(*control.config(), a, "nothing changed");
+        assert_whole(&control, &a, &b);
+    }
+    control.reload(b.clone()).unwrap();
+    assert_eq!(control.last_error(), None);
+    assert_whole(&control, &a, &b);
+    assert_eq!(control.budget().config().0.stable_budget, 3000.0);
+}
+
+#[test]
+fn empty_and_cut_short_documents_are_refused_unless_they_say_replace() {
+    let control = Control::new(Config::from_toml(&example()).unwrap()).unwrap();
+    let running = control.config();
+    for empty in ["", "\n\n# nothing yet\n"] {
+        let err = control.reload_document(empty, Source::File).unwrap_err();
+        assert!(matches!(err, ControlError::Empty), "{err}");
+        assert_eq!(control.config(), running);
+    }
+    // The example cut short after its first ~2 800 bytes (as an operator's half-written
+    // file was).
+    let text = example();
+    let err = control
+        .reload_document(cut_short(&text), Source::File)
+        .unwrap_err();
+    let field = &err.config_error().expect("a section named").field;
+    assert!(["fifo", "budget", "sessions"].contains(&&**field), "{err}");
+    assert_eq!(control.config(), running, "nothing changed");
+    assert!(control.admin_router().is_some(), "the admin token stays");
+
+    // The whole file with one change applies; `replace = true` resets on purpose.
+    let fixed = text.replace("mode = \"adaptive\"", "mode = \"fixed\"");
+    control.reload_document(&fixed, Source::File).unwrap();
+    assert_eq!(control.policy().mode, Mode::Fixed);
+    assert_eq!(control.config().fifo, running.fifo);
+    control
+        .reload_document("replace = true\n", Source::File)
+        .unwrap();
+    assert_eq!(*control.config(), Config::default());
+}
+
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+async fn send(
+    router: &axum::Router,
+    method: &str,
+    uri: &str,
+    auth: Option<&str>,
+    body: &str,
+) -> (StatusCode, http::HeaderMap, String) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    let res = router
+        .clone()
+        .oneshot(req.body(Body::from(body.to_owned())).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = res.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8(bytes.to_vec()).unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn admin_changes_go_through_the_one_reload_counted_kept_and_logged() {
+    let logs = Logs::default();
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::fmt().with_writer(logs.clone()).finish(),
+    );
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let metrics = recorder.handle();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+
+    let control = Control::new(Config::from_toml(&example()).unwrap()).unwrap();
+    let admin = control.admin_router().unwrap();
+    let ok = Some("Bearer s3cret");
+    let running = control.config();
+
+    // 401 says how to authenticate; the scheme is case-insensitive.
+    let (status, headers, body) = send(&admin, "GET", "/mode", None, "").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(headers["www-authenticate"], "Bearer realm=\"stormgate\"");
+    assert_eq!(body, "");
+    let (status, _, _) = send(&admin, "GET", "/mode", Some("bearer s3cret"), "").await;
+    assert_eq!(status, StatusCode::OK);
+
+    // A POST that leaves out sections is refused, counted, kept, logged.
+    let (status, _, body) = send(&admin, "POST", "/config", ok, "[budget]\nalpha = 0.35\n").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    let error = error["error"].as_str().unwrap().to_owned();
+    assert!(error.contains("this document leaves it out"), "{error}");
+    assert_eq!(control.config(), running);
+    let (_, _, state) = send(&admin, "GET", "/state", ok, "").await;
+    let state: Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(state["last_reload_error"], error.as_str());
+    assert!(
+        metrics
+            .render()
+            .contains("stormgate_reloads_total{result=\"invalid\"} 1"),
+        "{}",
+        metrics.render()
+    );
+    assert!(logs.text().contains("configuration change refused"));
+    assert!(logs.text().contains("source=admin"), "{}", logs.text());
+
+    // Replacing on purpose may not remove the token: that would lock the API out.
+    let (status, _, body) = send(&admin, "POST", "/config", ok, "replace = true\n").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.contains("lock the admin API out"), "{body}");
+    assert_eq!(control.config(), running);
+
+    // PATCH changes exactly what it names; the token stays.
+    let (status, _, body) = send(&admin, "PATCH", "/config", ok, "[budget]\nalpha = 0.35\n").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(control.config().budget.alpha, 0.35);
+    assert_eq!(
+        Config {
+            budget: running.budget.clone(),
+            ..Config::clone(&control.config())
+        },
+        *running,
+        "nothing else changed"
+    );
+    let (status, _, _) = send(
+        &admin,
+        "PATCH",
+        "/config",
+        ok,
+        r#"{"admin":{"token":null}}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = send(&admin, "GET", "/mode", ok, "").await;
+    assert_eq!(status, StatusCode::OK, "still reachable with the token");
+    assert!(
+        metrics
+            .render()
+            .contains("stormgate_reloads_total{result=\"ok\"} 2")
+    );
+    assert!(logs.text().contains("configuration reloaded"));
+    assert!(
+        logs.text().contains("changed=[\"budget\"]"),
+        "{}",
+        logs.text()
+    );
+
+    // A flip is logged with its source too.
+    let req = Request::put("/mode")
+        .header("authorization", "Bearer s3cret")
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"mode":"off"}"#))
+        .unwrap();
+    assert_eq!(admin.clone().oneshot(req).await.unwrap().status(), 200);
+    assert_eq!(control.config().mode, Mode::Off);
+    assert!(logs.text().contains("mode set"), "{}", logs.text());
+}
+
+#[tokio::test]
+async fn a_watched_file_that_is_emptied_or_cut_short_is_refused() {
+    let dir = std::env::temp_dir().join(format!("stormgate-cut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("stormgate.toml");
+    std::fs::write(&path, example()).unwrap();
+    let control = Control::new(Config::load(&path).unwrap()).unwrap();
+    let running = control.config();
+    let watch = control.watch_file(path.clone()).unwrap();
+
+    // Bounded waits for the OS's file events: each gives up after 5 s.
+    async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+        for _ in 0..100 {
+            if cond() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{what} did not happen within 5 s");
+    }
+
+    std::fs::write(&path, "").unwrap();
+    until("the refusal of the empty file", || {
+        control.last_error().is_some_and(|e| e.contains("empty"))
+    })
+    .await;
+    assert_eq!(control.config(), running);
+    assert!(control.admin_router().is_some(), "the admin token stays");
+
+    std::fs::write(&path, cut_short(&example())).unwrap();
+    until("the refusal of the cut file", || {
+        control
+            .last_error()
+            .is_some_and(|e| e.contains("leaves it out"))
+    })
+    .await;
+    assert_eq!(control.config(), running);
+
+    let text = example().replace("mode = \"adaptive\"", "mode = \"off\"");
+    std::fs::write(&path, text).unwrap();
+    until("the reload", || control.policy().mode == Mode::Off).await;
+    assert_eq!(control.last_error(), None);
+    watch.abort();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
