@@ -2,9 +2,11 @@
 //! through the same path (counted, kept as the last error, logged), and nothing locks the
 //! admin API out.
 
-use std::io::Write;
+mod common;
+
+use common::Logs;
+
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -101,7 +103,8 @@ fn concurrent_reloads_and_flips_never_mix_two_configs() {
 fn a_refused_change_changes_nothing_and_says_which_field() {
     let (a, b) = two_configs();
     let control = Control::new(a.clone()).unwrap();
-    let cases: [(&str, fn(&mut Config)); 4] = [
+    type Change = fn(&mut Config);
+    let cases: [(&str, Change); 4] = [
         ("budget.alpha", |c| c.budget.alpha = 2.0),
         ("budget.sample_interval_ms", |c| {
             c.budget.sample_interval = Duration::from_millis(250)
@@ -155,32 +158,6 @@ fn empty_and_cut_short_documents_are_refused_unless_they_say_replace() {
         .reload_document("replace = true\n", Source::File)
         .unwrap();
     assert_eq!(*control.config(), Config::default());
-}
-
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
-}
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
 }
 
 async fn send(

@@ -37,6 +37,7 @@ mod gcra;
 mod sampler;
 mod shared;
 mod tenant;
+mod trend;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -61,6 +62,7 @@ use crate::outcome::{Observation, Observer};
 use crate::rejection::{Reason, Rejection, Scope};
 use sampler::Sampler;
 use shared::Leased;
+use trend::{Phase, Trend};
 
 /// The tenant that tenants past `max_tenants` share.
 pub const OVERFLOW_TENANT: &str = "~overflow";
@@ -82,6 +84,8 @@ struct Inner {
     sampler: Sampler,
     controller: Mutex<Controller>,
     health: Mutex<Health>,
+    /// The cuts and recoveries logged.
+    trend: Mutex<Trend>,
     tenants: DashMap<Tenant, Arc<TenantState>>,
     /// Rate a tenant not seen before starts with, until the next tick sizes its share.
     newcomer_rate: AtomicU64,
@@ -210,6 +214,7 @@ impl BudgetBuilder {
                     budget: stable,
                     ..Health::default()
                 }),
+                trend: Mutex::new(Trend::default()),
                 tenants: DashMap::new(),
                 newcomer_rate: AtomicU64::new(stable.to_bits()),
                 costs: Arc::new(Costs::new(self.costs)),
@@ -446,7 +451,36 @@ impl Budget {
             self.split(now, health.budget / divisor);
         }
         self.shared_tick(rate);
-        *inner.health.lock().unwrap_or_else(PoisonError::into_inner) = health;
+        let before = std::mem::replace(
+            &mut *inner.health.lock().unwrap_or_else(PoisonError::into_inner),
+            health,
+        );
+        let phase = inner
+            .trend
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .update(
+                inner.epoch.elapsed(),
+                before.budget,
+                health.budget,
+                st.config.stable_budget,
+            );
+        match phase {
+            Some(Phase::Cut) => tracing::warn!(
+                from = before.budget,
+                to = health.budget,
+                error_rate = health.error_rate,
+                p99_ms = health.p99 * 1e3,
+                "global budget cut: the backend looks unhealthy"
+            ),
+            Some(Phase::Recovering) => {
+                tracing::info!(budget = health.budget, "global budget recovering")
+            }
+            Some(Phase::Stable) => {
+                tracing::info!(budget = health.budget, "global budget back at stable")
+            }
+            None => {}
+        }
         policy.mode.emit(); // re-sent every tick: the exporter drops gauges left idle
         ::metrics::gauge!(metrics::BUDGET).set(health.budget);
         ::metrics::gauge!(metrics::BUDGET_RATE).set(health.rate);

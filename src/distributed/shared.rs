@@ -523,7 +523,9 @@ impl SharedBudget {
                     }
                     ::metrics::gauge!(metrics::SHARED_RATE).set(shared);
                 }
-                self.set_mode(SharedMode::Shared);
+                if self.set_mode(SharedMode::Shared) {
+                    tracing::info!(node = %inner.node, "shared budget: Redis answers, budgets shared across nodes");
+                }
                 Some(reply)
             }
             Err(e) => {
@@ -539,23 +541,33 @@ impl SharedBudget {
         self.call(vec![global.call(0)], false).await.is_some()
     }
 
-    fn failed(&self, _error: &StoreError) {
+    fn failed(&self, error: &StoreError) {
         self.inner.errors.fetch_add(1, Ordering::Relaxed);
         ::metrics::counter!(metrics::SHARED_REDIS_ERRORS).increment(1);
-        self.set_mode(SharedMode::Fallback);
+        if self.set_mode(SharedMode::Fallback) {
+            tracing::warn!(
+                node = %self.inner.node,
+                %error,
+                on_failure = self.inner.config.on_failure.as_str(),
+                "shared budget: Redis unreachable, falling back"
+            );
+        }
         self.inner.down.notify_one();
     }
 
-    fn set_mode(&self, mode: SharedMode) {
+    /// Sets the mode; whether it changed.
+    fn set_mode(&self, mode: SharedMode) -> bool {
         let value = if mode == SharedMode::Shared {
             SHARED
         } else {
             FALLBACK
         };
-        if self.inner.mode.swap(value, Ordering::AcqRel) != value {
+        let changed = self.inner.mode.swap(value, Ordering::AcqRel) != value;
+        if changed {
             self.inner.changed.store(true, Ordering::Release);
             self.emit_mode();
         }
+        changed
     }
 
     /// Sets the `stormgate_shared_mode` gauges (also re-sent on every budget tick).

@@ -185,6 +185,47 @@ struct Session {
     consumed: f64,
     calls: u64,
     rejected: u64,
+    /// In the storm state (logged on entry and exit): entered when the factor falls below
+    /// [`STORM_ENTER`], left when it is back at [`STORM_LEAVE`] or above.
+    storm: bool,
+}
+
+/// A session whose budget factor falls below this is logged as entering a storm.
+const STORM_ENTER: f64 = 0.5;
+/// A session in a storm whose factor is back at this or above is logged as leaving it.
+const STORM_LEAVE: f64 = 0.9;
+
+impl Session {
+    /// Logs a change of storm state (the session as a hash: its id is the client's choice).
+    fn note_storm(&mut self) {
+        let storm = if self.storm {
+            self.factor < STORM_LEAVE
+        } else {
+            self.factor < STORM_ENTER
+        };
+        if storm == self.storm {
+            return;
+        }
+        self.storm = storm;
+        let mut h = DefaultHasher::new();
+        self.id.hash(&mut h);
+        let session = format!("{:016x}", h.finish());
+        if storm {
+            tracing::warn!(
+                session,
+                score = self.score,
+                factor = self.factor,
+                "session entered the storm state"
+            );
+        } else {
+            tracing::info!(
+                session,
+                score = self.score,
+                factor = self.factor,
+                "session left the storm state"
+            );
+        }
+    }
 }
 
 /// One row of the top-N view.
@@ -343,6 +384,7 @@ impl SessionGuard {
             consumed: 0.0,
             calls: 0,
             rejected: 0,
+            storm: false,
         }
     }
 
@@ -564,6 +606,7 @@ impl Admission for SessionGuard {
         } else {
             s.factor
         };
+        s.note_storm();
         let (rate, reason) = match policy.mode {
             // Measured above; nothing refused.
             Mode::Off => return Ok(SessionPermit(None)),
