@@ -44,6 +44,7 @@ pub(crate) struct Backend {
     pool: Semaphore,
     orders: AtomicU64,
     scans: AtomicU64,
+    started: AtomicU64,
     /// How long a scan holds its connection: (query seen before, new query).
     hold: (Duration, Duration),
     seen: Mutex<HashSet<String>>,
@@ -77,6 +78,7 @@ impl Backend {
             pool: Semaphore::new(POOL_SIZE),
             orders: AtomicU64::new(0),
             scans: AtomicU64::new(0),
+            started: AtomicU64::new(0),
             hold: (warm, cold),
             seen: Mutex::new(HashSet::new()),
             log: Mutex::new(Vec::new()),
@@ -93,6 +95,11 @@ impl Backend {
         self.scans.load(Ordering::SeqCst)
     }
 
+    /// `sql_scan` calls that reached the database (running, waiting or done).
+    pub(crate) fn scans_started(&self) -> u64 {
+        self.started.load(Ordering::SeqCst)
+    }
+
     /// Every scan so far, in the order they finished.
     pub(crate) fn scan_log(&self) -> Vec<Scan> {
         self.log.lock().unwrap().clone()
@@ -101,6 +108,7 @@ impl Backend {
     /// Runs one scan: waits for a connection (failing after [`POOL_WAIT_LIMIT`]), holds it, and
     /// logs it. Returns the pool wait, or the wait that failed.
     async fn scan(&self, query: String) -> Result<Duration, Duration> {
+        self.started.fetch_add(1, Ordering::SeqCst);
         let at = Instant::now();
         let permit = tokio::time::timeout(POOL_WAIT_LIMIT, self.pool.acquire()).await;
         let pool_wait = at.elapsed();

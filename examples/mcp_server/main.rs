@@ -9,13 +9,22 @@
 //! `--features redis`) shares the budget with every other server given the same Redis: it
 //! sets `[distributed] url` (the other `[distributed]` settings come from the file or their
 //! defaults).
+//!
+//! Logs go to stderr, filtered by `RUST_LOG` (targets and levels, e.g.
+//! `RUST_LOG=stormgate=debug,info`; default `info`). SIGTERM or SIGINT stops accepting
+//! connections and lets calls in flight finish for up to `--shutdown-grace-ms`
+//! (`STORMGATE_SHUTDOWN_GRACE_MS`, default 30 000), then the server exits 0.
 
 mod app;
+mod shutdown;
 
-use axum::serve::ListenerExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use stormgate::control::Config;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 const DEFAULT_ADDR: &str = "127.0.0.1:3000";
 
@@ -35,6 +44,14 @@ fn flag(name: &str, env: &str) -> Option<String> {
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|v| v.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(LevelFilter::INFO));
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
+        .init();
     let metrics = stormgate::metrics::prometheus_builder()
         .install_recorder()
         .map_err(std::io::Error::other)?;
@@ -72,14 +89,13 @@ async fn main() -> std::io::Result<()> {
     if control.admin_router().is_some() {
         println!("admin routes: http://{local}/admin (bearer token from the configuration)");
     }
-    // rmcp writes its SSE answer in several small writes: without TCP_NODELAY each call waits
-    // on Nagle's algorithm and the client's delayed ACK (about 40 ms on Linux).
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
+    let grace = flag("--shutdown-grace-ms", "STORMGATE_SHUTDOWN_GRACE_MS")
+        .map(|v| {
+            v.parse::<u64>()
+                .map(Duration::from_millis)
+                .map_err(|e| std::io::Error::other(format!("--shutdown-grace-ms: {e}")))
         })
-        .await
+        .transpose()?
+        .unwrap_or(shutdown::DEFAULT_GRACE);
+    shutdown::serve(listener, app, grace).await
 }
