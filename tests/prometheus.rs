@@ -1,10 +1,14 @@
 //! A real Prometheus (the Debian `prometheus` package; .ci/run installs it when missing)
 //! scrapes the example server on loopback while it is driven through every refusal; then
 //! every panel query of dashboards/stormgate.json, variables substituted, must return data.
-//! One test in this binary: it installs the recorder.
+//! With the `redis` feature the server shares its budget through a real `redis-server`
+//! (stopped for a moment, so the Redis-error panel has data too), and the shared budget's
+//! row is checked as well. One test in this binary: it installs the recorder.
 
 mod common;
 mod driver;
+#[cfg(feature = "redis")]
+mod redis_support;
 
 #[path = "../examples/mcp_server/app.rs"]
 mod app;
@@ -75,7 +79,18 @@ async fn prometheus_returns_data_for_every_panel_query() {
     let handle = stormgate::metrics::prometheus_builder()
         .install_recorder()
         .unwrap();
-    let (router, control) = app::protected(app::Backend::new(), driver::config()).unwrap();
+    #[cfg_attr(not(feature = "redis"), allow(unused_mut))]
+    let mut config = driver::config();
+    #[cfg(feature = "redis")]
+    let mut redis = redis_support::RedisServer::start();
+    #[cfg(feature = "redis")]
+    {
+        config.distributed = Some(stormgate::distributed::DistributedConfig {
+            url: redis.url(),
+            ..Default::default()
+        });
+    }
+    let (router, control) = app::protected(app::Backend::new(), config).unwrap();
     let router = router.route(
         "/metrics",
         axum::routing::get(move || std::future::ready(handle.render())),
@@ -129,10 +144,27 @@ async fn prometheus_returns_data_for_every_panel_query() {
     // every reason in paused time); here the traffic only has to reach every panel.
     let seen = driver::drive(&router, &control).await;
     assert!(seen.len() >= 5, "{seen:?}");
+    #[cfg(feature = "redis")]
+    {
+        // Redis away for a moment: the node falls back, and counts the errors.
+        redis.kill();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        redis.restart();
+        let shared = control.budget().shared().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while shared.mode() != stormgate::distributed::SharedMode::Shared {
+            assert!(Instant::now() < deadline, "the node did not reconnect");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(shared.stats().errors > 0);
+    }
 
     // Every panel query, with Grafana's variables substituted, must return data. Bounded:
     // each query is retried for up to 20 s while scrapes accumulate.
-    for (title, expr) in driver::panel_queries() {
+    let queries = driver::panel_queries()
+        .into_iter()
+        .filter(|q| cfg!(feature = "redis") || q.row != driver::SHARED_ROW);
+    for driver::PanelQuery { title, expr, .. } in queries {
         let query = expr
             .replace("$__rate_interval", "1m")
             .replace("$tenant", ".*")

@@ -225,22 +225,36 @@ pub async fn drive(router: &Router, control: &Control) -> Vec<String> {
     seen
 }
 
+/// The dashboard row whose panels need a Redis-backed server (`[distributed]`).
+pub const SHARED_ROW: &str = "Shared budget (Redis)";
+
+/// One query of one panel.
+pub struct PanelQuery {
+    /// The row the panel is under.
+    pub row: String,
+    pub title: String,
+    pub expr: String,
+}
+
 /// Every query of every panel of dashboards/stormgate.json.
-pub fn panel_queries() -> Vec<(String, String)> {
+pub fn panel_queries() -> Vec<PanelQuery> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/dashboards/stormgate.json");
     let dash: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    dash["panels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|p| {
-            let title = p["title"].as_str().unwrap_or("").to_owned();
-            p["targets"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .map(move |t| (title.clone(), t["expr"].as_str().unwrap().to_owned()))
-        })
-        .collect()
+    let mut row = String::new();
+    let mut queries = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        let title = p["title"].as_str().unwrap_or("").to_owned();
+        if p["type"] == "row" {
+            row = title;
+            continue;
+        }
+        for t in p["targets"].as_array().cloned().unwrap_or_default() {
+            queries.push(PanelQuery {
+                row: row.clone(),
+                title: title.clone(),
+                expr: t["expr"].as_str().unwrap().to_owned(),
+            });
+        }
+    }
+    queries
 }
