@@ -198,7 +198,7 @@ fn judge(status: http::StatusCode, body: &[u8]) -> Answer {
         return Answer::Failed;
     }
     let text = String::from_utf8_lossy(body);
-    if text.contains("rate_limited") || text.contains(r#""error":"#) {
+    if text.contains(r#""notProcessed":true"#) || text.contains(r#""error":"#) {
         Answer::Refused
     } else if text.contains(r#""result":"#) && !text.contains(r#""isError":true"#) {
         Answer::Ok

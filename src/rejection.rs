@@ -9,9 +9,11 @@
 //! # The wire form
 //!
 //! ```json
-//! {"jsonrpc":"2.0","id":7,"error":{"code":-32029,"message":"rate_limited",
-//!  "data":{"retry_after_ms":1200,"reason":"session_budget_exceeded","scope":"agent_session",
-//!          "retryable":true,"queue_wait_ms":0}}}
+//! {"jsonrpc":"2.0","id":7,"error":{"code":-32029,
+//!  "message":"rate limited: retry after 1200 ms (session budget exceeded)",
+//!  "data":{"retry_after_ms":1200,"retryAfterMs":1200,"notProcessed":true,
+//!          "reason":"session_budget_exceeded","scope":"agent_session","retryable":true,
+//!          "queue_wait_ms":0}}}
 //! ```
 //!
 //! HTTP 200, `Content-Type: application/json`, `Retry-After` in whole seconds rounded up.
@@ -40,14 +42,26 @@ use std::fmt;
 use std::time::Duration;
 
 use http::StatusCode;
+
+use crate::error::ConfigError;
 use serde::{Deserialize, Serialize};
 
 /// The JSON-RPC error code for a rejection under MCP revisions before 2026-07-28.
 pub const RATE_LIMITED_CODE: i64 = -32029;
 /// The default code under MCP 2026-07-28 and later, outside its reserved -32020..-32099.
 pub const MODERN_RATE_LIMITED_CODE: i64 = 429;
-/// The JSON-RPC error message of every rejection.
-pub const RATE_LIMITED_MESSAGE: &str = "rate_limited";
+/// The default [`RejectionFormat::message`]: hosts often show only `error.message` (or the
+/// first text block of a tool result), so the retry hint is in the words.
+pub const DEFAULT_MESSAGE: &str = "rate limited: retry after {retry_after_ms} ms ({reason})";
+
+/// The placeholders a [`RejectionFormat::message`] may use.
+pub const MESSAGE_PLACEHOLDERS: [&str; 5] = [
+    "retry_after_ms",
+    "retry_after_s",
+    "reason",
+    "reason_code",
+    "scope",
+];
 
 /// Why a call was refused: a stable snake_case vocabulary, serialized as such.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -238,19 +252,49 @@ impl Rejection {
         u64::try_from(self.queue_wait.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// The human-readable text of the tool-result form.
+    /// The message in the default template ([`DEFAULT_MESSAGE`]):
+    /// `rate limited: retry after 1200 ms (session budget exceeded)`.
     pub fn message(&self) -> String {
-        format!(
-            "rate limited: retry after {} ms ({})",
-            self.retry_after_ms(),
-            self.reason
-        )
+        self.message_in(DEFAULT_MESSAGE)
+    }
+
+    /// The message in `template` (validated by [`RejectionFormat::validate`]): `{retry_after_ms}`,
+    /// `{retry_after_s}` (whole seconds, rounded up), `{reason}` (in words: `session budget
+    /// exceeded`), `{reason_code}` (`session_budget_exceeded`), `{scope}`; `{{` and `}}` are
+    /// literal braces.
+    pub fn message_in(&self, template: &str) -> String {
+        let mut out = String::with_capacity(template.len() + 32);
+        // A template that breaks a rule was refused by `validate`; here it renders as far as
+        // it can.
+        let _ = render(template, &mut out, |name, out| {
+            use std::fmt::Write;
+            let _ = match name {
+                "retry_after_ms" => write!(out, "{}", self.retry_after_ms()),
+                "retry_after_s" => write!(out, "{}", self.retry_after_secs()),
+                "reason" => {
+                    out.extend(
+                        self.reason
+                            .as_str()
+                            .chars()
+                            .map(|c| if c == '_' { ' ' } else { c }),
+                    );
+                    Ok(())
+                }
+                "reason_code" => out.write_str(self.reason.as_str()),
+                "scope" => out.write_str(self.scope.as_str()),
+                _ => Ok(()),
+            };
+            true
+        });
+        out
     }
 
     /// The `error.data` / `structuredContent` object.
     pub(crate) fn data(&self) -> RejectionData {
         RejectionData {
             retry_after_ms: self.retry_after_ms(),
+            retry_after_ms_camel: self.retry_after_ms(),
+            not_processed: true,
             reason: self.reason,
             scope: self.scope,
             retryable: self.retryable,
@@ -277,10 +321,53 @@ fn ceil_div(n: u128, d: u128) -> u64 {
     u64::try_from(n.div_ceil(d)).unwrap_or(u64::MAX)
 }
 
+/// Walks `template`, copying text to `out` and calling `field` for each `{name}`; `{{` and
+/// `}}` are literal braces. Stops with `Err` at the first malformed brace or a name `field`
+/// rejects (returns false).
+fn render(
+    template: &str,
+    out: &mut String,
+    mut field: impl FnMut(&str, &mut String) -> bool,
+) -> Result<(), String> {
+    let mut rest = template;
+    while let Some(i) = rest.find(['{', '}']) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if let Some(t) = tail.strip_prefix("{{").or_else(|| tail.strip_prefix("}}")) {
+            out.push_str(&tail[..1]);
+            rest = t;
+            continue;
+        }
+        let close = match tail.strip_prefix('{').and_then(|t| t.find('}')) {
+            Some(close) => close,
+            None => {
+                return Err(format!(
+                    "unmatched {:?} at byte {}",
+                    &tail[..1],
+                    template.len() - tail.len()
+                ));
+            }
+        };
+        let name = &tail[1..=close];
+        if !field(name, out) {
+            return Err(format!("unknown placeholder {{{name}}}"));
+        }
+        rest = &tail[close + 2..];
+    }
+    out.push_str(rest);
+    Ok(())
+}
+
 /// The serialized `data` of a rejection.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RejectionData {
     pub(crate) retry_after_ms: u64,
+    /// The same value under the MCP rate-limit proposal's name.
+    #[serde(rename = "retryAfterMs")]
+    pub(crate) retry_after_ms_camel: u64,
+    /// The call never ran (nothing half-executed).
+    #[serde(rename = "notProcessed")]
+    pub(crate) not_processed: bool,
     pub(crate) reason: Reason,
     pub(crate) scope: Scope,
     pub(crate) retryable: bool,
@@ -305,6 +392,27 @@ pub struct RejectionFormat {
     /// Default 429.
     #[serde(with = "status_code")]
     pub non_mcp_status: StatusCode,
+    /// The `error.message` (and the tool-result form's text) template; see
+    /// [`Rejection::message_in`]. Default [`DEFAULT_MESSAGE`].
+    pub message: String,
+}
+
+impl RejectionFormat {
+    /// Checks the message template; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        render(&self.message, &mut String::new(), |name, _| {
+            MESSAGE_PLACEHOLDERS.contains(&name)
+        })
+        .map_err(|rule| {
+            ConfigError::new(
+                "rejection.message",
+                format!(
+                    "{rule} (placeholders: {})",
+                    MESSAGE_PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ")
+                ),
+            )
+        })
+    }
 }
 
 impl Default for RejectionFormat {
@@ -314,6 +422,7 @@ impl Default for RejectionFormat {
             modern_code: MODERN_RATE_LIMITED_CODE,
             tool_result: false,
             non_mcp_status: StatusCode::TOO_MANY_REQUESTS,
+            message: DEFAULT_MESSAGE.to_owned(),
         }
     }
 }
@@ -378,7 +487,24 @@ mod tests {
         );
         assert_eq!(
             r.message(),
-            "rate limited: retry after 1200 ms (session_budget_exceeded)"
+            "rate limited: retry after 1200 ms (session budget exceeded)"
         );
+        assert_eq!(
+            r.message_in("{{{reason_code}}} {scope}: back in {retry_after_s} s"),
+            "{session_budget_exceeded} agent_session: back in 2 s"
+        );
+    }
+
+    #[test]
+    fn a_bad_template_names_the_field() {
+        for bad in ["{retry}", "retry after {retry_after_ms", "oops }", "{}"] {
+            let format = RejectionFormat {
+                message: bad.into(),
+                ..RejectionFormat::default()
+            };
+            let err = format.validate().unwrap_err();
+            assert_eq!(err.field, "rejection.message", "{bad}: {err}");
+        }
+        assert!(RejectionFormat::default().validate().is_ok());
     }
 }

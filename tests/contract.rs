@@ -123,7 +123,7 @@ async fn a_rejected_request_gets_the_exact_contract_and_never_reaches_the_inner_
         );
         let body = body_bytes(res).await;
         let expected = format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32029,"message":"rate_limited","data":{{"retry_after_ms":1200,"reason":"session_budget_exceeded","scope":"agent_session","retryable":true,"queue_wait_ms":0}}}}}}"#
+            r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32029,"message":"rate limited: retry after 1200 ms (session budget exceeded)","data":{{"retry_after_ms":1200,"retryAfterMs":1200,"notProcessed":true,"reason":"session_budget_exceeded","scope":"agent_session","retryable":true,"queue_wait_ms":0}}}}}}"#
         );
         assert_eq!(
             String::from_utf8(body.to_vec()).unwrap(),
@@ -193,13 +193,56 @@ async fn tool_result_mode_answers_a_tool_call_with_is_error() {
     assert_eq!(
         body,
         json!({"jsonrpc": "2.0", "id": 4, "result": {
-            "content": [{"type": "text", "text": "rate limited: retry after 1200 ms (session_budget_exceeded)"}],
+            "content": [{"type": "text", "text": "rate limited: retry after 1200 ms (session budget exceeded)"}],
             "isError": true,
-            "structuredContent": {"retry_after_ms": 1200, "reason": "session_budget_exceeded",
+            "structuredContent": {"retry_after_ms": 1200, "retryAfterMs": 1200,
+                                  "notProcessed": true, "reason": "session_budget_exceeded",
                                   "scope": "agent_session", "retryable": true, "queue_wait_ms": 0}
         }})
     );
     assert!(stack.rec.seen().is_empty());
+
+    // 2026-07-28 requires `resultType` of every result; earlier revisions do not have it.
+    let req = post()
+        .header("mcp-protocol-version", "2026-07-28")
+        .body(Body::from(tool_call("5", "blocked")))
+        .unwrap();
+    let modern = body_json(stack.call(req, ok_json).await).await;
+    assert_eq!(modern["result"]["resultType"], "complete");
+    assert_eq!(modern["result"]["isError"], true);
+    assert!(body["result"].get("resultType").is_none());
+}
+
+#[tokio::test]
+async fn the_message_template_is_configurable_in_both_forms() {
+    let mut stack = Stack::new();
+    stack.format.message = "slow down: {reason_code}, back in {retry_after_s} s".into();
+    let error = body_json(
+        stack
+            .call(post_body(tool_call("1", "blocked")), ok_json)
+            .await,
+    )
+    .await;
+    assert_eq!(
+        error["error"]["message"],
+        "slow down: session_budget_exceeded, back in 2 s"
+    );
+    stack.format.tool_result = true;
+    let result = body_json(
+        stack
+            .call(post_body(tool_call("2", "blocked")), ok_json)
+            .await,
+    )
+    .await;
+    assert_eq!(
+        result["result"]["content"][0]["text"],
+        "slow down: session_budget_exceeded, back in 2 s"
+    );
+    let bad = stormgate::control::Config::from_toml("[rejection]\nmessage = \"wait {secs}\"\n");
+    assert_eq!(
+        bad.unwrap_err().config_error().map(|e| &*e.field),
+        Some("rejection.message")
+    );
 }
 
 /// Refuses everything: for paths where nothing may be refused.
@@ -319,7 +362,10 @@ async fn a_batch_of_refused_requests_and_a_notification_forwards_the_notificatio
     let answers = body_json(res).await;
     assert_eq!(answers.as_array().unwrap().len(), 1);
     assert_eq!(answers[0]["id"], 1);
-    assert_eq!(answers[0]["error"]["message"], "rate_limited");
+    assert_eq!(
+        answers[0]["error"]["message"],
+        "rate limited: retry after 1200 ms (session budget exceeded)"
+    );
 }
 
 #[tokio::test]

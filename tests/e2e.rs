@@ -151,9 +151,14 @@ async fn rejection_reaches_the_client_as_rate_limited_and_the_session_goes_on() 
         panic!("expected an MCP error, got {err:?}")
     };
     assert_eq!(err.code.0, -32029);
-    assert_eq!(err.message, "rate_limited");
+    assert_eq!(
+        err.message, "rate limited: retry after 1200 ms (session budget exceeded)",
+        "hosts that show only the message still see when to come back"
+    );
     let data = err.data.expect("rejection data");
     assert_eq!(data["retry_after_ms"], 1200);
+    assert_eq!(data["retryAfterMs"], 1200);
+    assert_eq!(data["notProcessed"], true);
     assert_eq!(data["reason"], "session_budget_exceeded");
     assert_eq!(data["scope"], "agent_session");
     assert_eq!(data["retryable"], true);

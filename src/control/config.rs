@@ -248,6 +248,7 @@ impl Config {
             return Err(ConfigError::new("body_limit", "must be greater than 0"));
         }
         self.fixed.validate()?;
+        self.rejection.validate()?;
         self.fifo.validate()?;
         self.budget.validate()?;
         self.tenants.validate()?;

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::call::{Call, Calls};
-use crate::rejection::{RATE_LIMITED_MESSAGE, Rejection, RejectionData, RejectionFormat};
+use crate::rejection::{Rejection, RejectionData, RejectionFormat};
 
 /// JSON-RPC "Invalid Request".
 const INVALID_REQUEST: i64 = -32600;
@@ -32,7 +32,7 @@ enum Outcome<'a> {
     #[serde(rename = "error")]
     Error {
         code: i64,
-        message: &'a str,
+        message: std::borrow::Cow<'a, str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         data: Option<RejectionData>,
     },
@@ -43,6 +43,9 @@ enum Outcome<'a> {
         is_error: bool,
         #[serde(rename = "structuredContent")]
         structured_content: RejectionData,
+        /// `complete` under revisions that have it (2026-07-28 and later).
+        #[serde(rename = "resultType", skip_serializing_if = "Option::is_none")]
+        result_type: Option<&'a str>,
     },
 }
 
@@ -74,26 +77,28 @@ pub(crate) fn rejection_element(
         Some(id) => id.raw(),
         None => null(),
     };
+    let modern = call
+        .protocol_version
+        .is_some_and(|v| v.reserves_rate_limit_code());
+    let message = rejection.message_in(&format.message);
     let body = if format.tool_result && call.tool.is_some() {
         Outcome::ToolResult {
             content: [TextContent {
                 kind: "text",
-                text: rejection.message(),
+                text: message,
             }],
             is_error: true,
             structured_content: rejection.data(),
+            result_type: modern.then_some("complete"),
         }
     } else {
-        let modern = call
-            .protocol_version
-            .is_some_and(|v| v.reserves_rate_limit_code());
         Outcome::Error {
             code: if modern {
                 format.modern_code
             } else {
                 format.code
             },
-            message: RATE_LIMITED_MESSAGE,
+            message: message.into(),
             data: Some(rejection.data()),
         }
     };
@@ -159,7 +164,7 @@ pub(crate) fn invalid_request(status: StatusCode, message: &str) -> Response {
             id: null(),
             body: Outcome::Error {
                 code: INVALID_REQUEST,
-                message,
+                message: message.into(),
                 data: None,
             },
         },
