@@ -1,0 +1,164 @@
+//! Real MCP clients against the example server over real HTTP: what an agent's SDK surfaces of
+//! a refusal. The official Python SDK (`mcp`, pinned and installed by .ci/run) runs
+//! tests/clients/python_client.py in each protocol mode it speaks (the legacy handshake and
+//! 2026-07-28) and with both rejection forms.
+
+#[path = "../examples/mcp_server/app.rs"]
+mod app;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::Value;
+use stormgate::control::{Config, Control};
+
+/// One session may make six quick calls, then one a second: the five tools once and a short
+/// storm of `cache_get` are enough to be refused.
+fn config(tool_result: bool) -> Config {
+    let mut c = Config::default();
+    c.sessions.base_budget = 1.0;
+    c.sessions.burst = 6.0;
+    c.rejection.tool_result = tool_result;
+    c
+}
+
+async fn serve(config: Config) -> (String, Control) {
+    let (router, control) = app::protected(app::Backend::new(), config).unwrap();
+    let _ = control.spawn();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap()
+    });
+    (format!("http://{addr}/mcp"), control)
+}
+
+/// Runs the Python driver; its report.
+async fn python(url: &str, mode: &str) -> Value {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/python_client.py"
+    );
+    let python = std::env::var("STORMGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let run = tokio::process::Command::new(&python)
+        .args([script, url, mode])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the Python client finished within 120 s")
+        .unwrap_or_else(|e| panic!("{python}: {e} (.ci/run installs Python and the mcp package)"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the Python client failed ({}); is the `mcp` package installed (.ci/run does)?\n{stderr}",
+        out.status
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not a report ({e}): {}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// What every mode and form must give: every tool listed and callable, a refusal whose words
+/// and data say when to come back, and success after waiting that long.
+fn assert_common(report: &Value) {
+    let tools: Vec<&str> = report["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            "cache_get",
+            "create_order",
+            "read_doc",
+            "sql_scan",
+            "vector_search"
+        ],
+        "{report}"
+    );
+    for (tool, answer) in report["calls"].as_object().unwrap() {
+        assert_eq!(answer["ok"], true, "{tool}: {answer}");
+    }
+    let refusal = &report["refusal"];
+    assert!(refusal.is_object(), "the storm was refused: {report}");
+    assert_eq!(report["after_waiting"]["ok"], true, "{report}");
+}
+
+fn assert_hint(message: &str, data: &Value) {
+    let ms = data["retry_after_ms"].as_u64().unwrap();
+    assert!(ms > 0 && ms <= 1000, "{data}");
+    assert_eq!(data["retryAfterMs"], ms);
+    assert_eq!(data["notProcessed"], true);
+    assert_eq!(data["reason"], "session_budget_exceeded");
+    assert_eq!(
+        message,
+        format!("rate limited: retry after {ms} ms (session budget exceeded)")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_legacy_handshake_reads_the_error_form() {
+    let (url, _control) = serve(config(false)).await;
+    let report = python(&url, "legacy").await;
+    assert_common(&report);
+    let refusal = &report["refusal"];
+    assert_eq!(refusal["exception"], "MCPError", "{refusal}");
+    assert_eq!(refusal["code"], -32029);
+    assert_hint(refusal["message"].as_str().unwrap(), &refusal["data"]);
+    assert_eq!(
+        report["other_client"]["ok"], true,
+        "another session is not refused for A's storm: {report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_legacy_handshake_reads_the_tool_result_form() {
+    let (url, _control) = serve(config(true)).await;
+    let report = python(&url, "legacy").await;
+    assert_common(&report);
+    let refusal = &report["refusal"];
+    assert_eq!(refusal["is_error"], true, "{refusal}");
+    assert_hint(refusal["text"].as_str().unwrap(), &refusal["structured"]);
+    assert_eq!(report["other_client"]["ok"], true, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_2026_07_28_reads_the_error_form() {
+    let (url, _control) = serve(config(false)).await;
+    let report = python(&url, "2026-07-28").await;
+    assert_common(&report);
+    let refusal = &report["refusal"];
+    assert_eq!(refusal["exception"], "MCPError", "{refusal}");
+    assert_eq!(
+        refusal["code"], 429,
+        "the modern code, outside the reserved range"
+    );
+    assert_hint(refusal["message"].as_str().unwrap(), &refusal["data"]);
+    // Not asserted: client B. Without `Mcp-Session-Id` (2026-07-28 has none) every client of a
+    // tenant is one session by default, so B is refused for A's storm: the session-less
+    // identity ladder of the clients issue is still open.
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_2026_07_28_reads_the_tool_result_form() {
+    let (url, _control) = serve(config(true)).await;
+    let report = python(&url, "2026-07-28").await;
+    assert_common(&report);
+    let refusal = &report["refusal"];
+    assert_eq!(
+        refusal["is_error"], true,
+        "a valid result, not a ValidationError: {refusal}"
+    );
+    assert_hint(refusal["text"].as_str().unwrap(), &refusal["structured"]);
+}
