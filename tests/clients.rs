@@ -1,7 +1,9 @@
 //! Real MCP clients against the example server over real HTTP: what an agent's SDK surfaces of
 //! a refusal. The official Python SDK (`mcp`, pinned and installed by .ci/run) runs
 //! tests/clients/python_client.py in each protocol mode it speaks (the legacy handshake and
-//! 2026-07-28) and with both rejection forms.
+//! 2026-07-28), and the official TypeScript SDK (on Node 22 from the `node@22` package, both
+//! pinned and installed by .ci/run in target/ci-node) runs tests/clients/ts_client.mjs
+//! (2025-11-25), each with both rejection forms.
 
 #[path = "../examples/mcp_server/app.rs"]
 mod app;
@@ -57,6 +59,38 @@ async fn python(url: &str, mode: &str) -> Value {
     assert!(
         out.status.success(),
         "the Python client failed ({}); is the `mcp` package installed (.ci/run does)?\n{stderr}",
+        out.status
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not a report ({e}): {}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Runs the TypeScript driver with the SDK and Node installed in `STORMGATE_NODE_DIR`
+/// (default `target/ci-node`, where .ci/run installs them); its report.
+async fn typescript(url: &str) -> Value {
+    let script = include_str!("clients/ts_client.mjs");
+    let dir = std::env::var("STORMGATE_NODE_DIR")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/ci-node").into());
+    let node = format!("{dir}/node_modules/.bin/node");
+    let run = tokio::process::Command::new(&node)
+        .current_dir(&dir)
+        .args(["--input-type=module", "-e", script, url])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the TypeScript client finished within 120 s")
+        .unwrap_or_else(|e| {
+            panic!("{node}: {e} (.ci/run installs node@22 and @modelcontextprotocol/sdk there)")
+        });
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the TypeScript client failed ({}):\n{stderr}",
         out.status
     );
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -161,4 +195,33 @@ async fn python_sdk_2026_07_28_reads_the_tool_result_form() {
         "a valid result, not a ValidationError: {refusal}"
     );
     assert_hint(refusal["text"].as_str().unwrap(), &refusal["structured"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typescript_sdk_reads_the_error_form() {
+    let (url, _control) = serve(config(false)).await;
+    let report = typescript(&url).await;
+    assert_eq!(report["protocol"], "2025-11-25");
+    assert_common(&report);
+    let refusal = &report["refusal"];
+    assert_eq!(refusal["exception"], "McpError", "{refusal}");
+    assert_eq!(refusal["code"], -32029);
+    // The SDK prefixes the code: the sentence after it is ours, hint included.
+    let message = refusal["message"].as_str().unwrap();
+    let ours = message
+        .strip_prefix("MCP error -32029: ")
+        .unwrap_or_else(|| panic!("{message}"));
+    assert_hint(ours, &refusal["data"]);
+    assert_eq!(report["other_client"]["ok"], true, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typescript_sdk_reads_the_tool_result_form() {
+    let (url, _control) = serve(config(true)).await;
+    let report = typescript(&url).await;
+    assert_common(&report);
+    let refusal = &report["refusal"];
+    assert_eq!(refusal["is_error"], true, "{refusal}");
+    assert_hint(refusal["text"].as_str().unwrap(), &refusal["structured"]);
+    assert_eq!(report["other_client"]["ok"], true, "{report}");
 }
