@@ -210,3 +210,10 @@ impl Logs {
         String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
     }
 }
+
+/// Where .ci/run installs Node 22 and the MCP TypeScript packages (`STORMGATE_NODE_DIR`,
+/// default `target/ci-node`).
+pub fn node_dir() -> String {
+    std::env::var("STORMGATE_NODE_DIR")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/ci-node").into())
+}
