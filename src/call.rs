@@ -332,6 +332,10 @@ pub enum Unclassified {
     NotJson,
     /// The body is JSON but not a JSON-RPC message or batch of messages.
     NotJsonRpc,
+    /// A JSON-RPC batch where batches do not exist (the declared protocol version has none,
+    /// or `[classify] batches = "off"`): forwarded untouched and charged nothing, so the MCP
+    /// server's own answer applies in every mode.
+    BatchUnsupported,
 }
 
 impl Unclassified {
@@ -340,6 +344,7 @@ impl Unclassified {
         match self {
             Unclassified::NotJson => "not_json",
             Unclassified::NotJsonRpc => "not_json_rpc",
+            Unclassified::BatchUnsupported => "batch_unsupported",
         }
     }
 }

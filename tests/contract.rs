@@ -13,7 +13,7 @@ use common::{Recorder, Seen, body_bytes, body_json, ok_json, post, post_body};
 use http::{Request, StatusCode};
 use serde_json::{Value, json};
 use stormgate::admit::{Admission, AdmitLayer};
-use stormgate::classify::ClassifyLayer;
+use stormgate::classify::{Batches, ClassifyLayer};
 use stormgate::{Call, Reason, Rejection, RejectionFormat, Scope};
 use tower::{Layer, ServiceExt};
 
@@ -82,6 +82,7 @@ struct Stack {
     rec: Recorder,
     admission: Arc<BlockTool>,
     format: RejectionFormat,
+    batches: Batches,
 }
 
 impl Stack {
@@ -90,12 +91,14 @@ impl Stack {
             rec: Recorder::default(),
             admission: Arc::new(BlockTool::default()),
             format: RejectionFormat::default(),
+            batches: Batches::default(),
         }
     }
 
     async fn call(&self, req: Request<Body>, inner: fn(&Seen) -> Response) -> Response {
         let svc = ClassifyLayer::new()
             .format(self.format.clone())
+            .batches(self.batches)
             .layer(AdmitLayer::from_arc(self.admission.clone()).layer(self.rec.service(inner)));
         svc.oneshot(req).await.unwrap()
     }
@@ -317,6 +320,57 @@ async fn a_mixed_batch_forwards_the_admitted_elements_and_merges_the_answers() {
         3,
         "the notification is not checked"
     );
+}
+
+#[tokio::test]
+async fn batches_are_answered_per_element_only_where_the_protocol_has_them() {
+    let body = format!(
+        "[{},{}]",
+        tool_call("1", "blocked"),
+        tool_call("2", "blocked")
+    );
+    let batch = |version: Option<&str>| {
+        let mut req = post();
+        if let Some(v) = version {
+            req = req.header("mcp-protocol-version", v);
+        }
+        req.body(Body::from(body.clone())).unwrap()
+    };
+    // (setting, declared version, classified and answered by stormgate?)
+    let cases = [
+        (Batches::Auto, None, true),
+        (Batches::Auto, Some("2025-03-26"), true),
+        (Batches::Auto, Some("2025-06-18"), false),
+        (Batches::Auto, Some("2025-11-25"), false),
+        (Batches::Auto, Some("2026-07-28"), false),
+        (Batches::On, Some("2025-06-18"), true),
+        (Batches::Off, None, false),
+        (Batches::Off, Some("2025-03-26"), false),
+    ];
+    for (batches, version, classified) in cases {
+        let mut stack = Stack::new();
+        stack.batches = batches;
+        let res = stack.call(batch(version), batch_server).await;
+        let answers = body_json(res).await;
+        let seen = stack.rec.seen();
+        if classified {
+            assert!(
+                seen.is_empty(),
+                "{batches:?} {version:?}: refused per element"
+            );
+            assert_eq!(answers[0]["error"]["code"], -32029);
+        } else {
+            // Forwarded byte for byte, charged nothing: the server's own answer.
+            assert_eq!(seen.len(), 1, "{batches:?} {version:?}");
+            assert_eq!(seen[0].body, body.as_bytes());
+            assert!(seen[0].calls.is_none(), "not classified");
+            assert_eq!(
+                seen[0].unclassified,
+                Some(stormgate::call::Unclassified::BatchUnsupported)
+            );
+            assert_eq!(answers[0]["result"]["echo"], 1, "{batches:?} {version:?}");
+        }
+    }
 }
 
 #[tokio::test]

@@ -204,3 +204,40 @@ async fn off_still_measures_breakers_open_on_the_outcomes_seen_while_off() {
     let (msg, _) = message(router.clone().oneshot(req).await.unwrap()).await;
     assert_eq!(msg["error"]["data"]["reason"], "circuit_open", "{msg}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_gets_the_servers_own_answer_in_every_mode() {
+    // The example configuration as shipped (`[classify] batches = "off"`: rmcp has no batches).
+    let config = Config::load(std::path::Path::new(app::CONFIG)).unwrap();
+    let (router, control) = app::protected(app::Backend::new(), config).unwrap();
+    let sid = session(&router).await;
+    let batch = json!([
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+         "params": {"name": "sql_scan", "arguments": {"table": "t"}}},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+         "params": {"name": "sql_scan", "arguments": {"table": "u"}}}
+    ]);
+    let mut answers = Vec::new();
+    for mode in [Mode::Adaptive, Mode::Fixed, Mode::Off] {
+        control.set_mode(mode);
+        for version in ["2025-03-26", "2025-06-18", "2025-11-25"] {
+            let req = http::Request::post("/mcp")
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-session-id", &sid)
+                .header("mcp-protocol-version", version)
+                .body(axum::body::Body::from(batch.to_string()))
+                .unwrap();
+            let res = router.clone().oneshot(req).await.unwrap();
+            answers.push((version, res.status()));
+        }
+    }
+    // rmcp refuses every batch itself; the answer is its own, the same in every mode (never
+    // stormgate's 200 with an array of refusals).
+    assert!(
+        answers
+            .iter()
+            .all(|(_, s)| *s == answers[0].1 && s.is_client_error()),
+        "{answers:?}"
+    );
+}

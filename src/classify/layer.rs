@@ -2,6 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
 use tower::Layer;
 
 use super::Classify;
@@ -9,11 +10,50 @@ use crate::call::{DefaultIdentity, Identify};
 use crate::control::Switch;
 use crate::cost::Costs;
 use crate::deadline::DeadlineConfig;
+use crate::mcp::ProtocolVersion;
 use crate::outcome::Observer;
 use crate::rejection::RejectionFormat;
 
 /// Default bound on a buffered request body: 4 MiB, the same as rmcp's.
 pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// Which JSON-RPC batches are classified, charged and answered per element (`[classify]
+/// batches`). A batch not classified is forwarded untouched and charged nothing
+/// ([`Unclassified::BatchUnsupported`](crate::call::Unclassified)), so the MCP server's own
+/// answer applies, the same in every mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Batches {
+    /// Only where the protocol has them: requests declaring `MCP-Protocol-Version` 2025-03-26,
+    /// or declaring none (a server then assumes 2025-03-26). stormgate cannot see whether the
+    /// inner server accepts batches: use `off` for one that never does (rmcp 3.11 refuses them),
+    /// `on` for one that accepts them under every version.
+    #[default]
+    Auto,
+    /// Every batch.
+    On,
+    /// None.
+    Off,
+}
+
+impl Batches {
+    /// Whether a batch declaring `version` is classified.
+    pub fn classifies(self, version: Option<ProtocolVersion>) -> bool {
+        match self {
+            Batches::Auto => version.is_none_or(ProtocolVersion::has_batches),
+            Batches::On => true,
+            Batches::Off => false,
+        }
+    }
+}
+
+/// The classifier's settings in the configuration (`[classify]`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClassifyConfig {
+    /// Which batches are classified. Default `auto`.
+    pub batches: Batches,
+}
 
 /// Settings shared by every clone of the layer and its services.
 #[derive(Clone)]
@@ -25,6 +65,7 @@ pub(crate) struct Shared {
     pub(crate) observers: Arc<[Arc<dyn Observer>]>,
     pub(crate) deadlines: Arc<DeadlineConfig>,
     pub(crate) switch: Switch,
+    pub(crate) batches: Batches,
 }
 
 /// Builds [`Classify`] services. See the [module docs](crate::classify).
@@ -45,6 +86,7 @@ impl ClassifyLayer {
                 observers: Arc::new([]),
                 deadlines: Arc::new(DeadlineConfig::default()),
                 switch: Switch::default(),
+                batches: Batches::default(),
             })),
         }
     }
@@ -56,16 +98,18 @@ impl ClassifyLayer {
         self
     }
 
-    /// Changes the body limit, the rejection format, the identity and the deadlines of
-    /// running services (a reload).
+    /// Changes the body limit, the rejection format, the identity, the deadlines and the
+    /// batches setting of running services (a reload).
     pub fn reconfigure(
         &self,
         body_limit: usize,
         format: RejectionFormat,
         identity: impl Identify,
         deadlines: DeadlineConfig,
+        batches: Batches,
     ) {
         let mut shared = Shared::clone(&self.shared.load());
+        shared.batches = batches;
         shared.body_limit = body_limit;
         shared.format = Arc::new(format);
         shared.identity = Arc::new(identity);
@@ -106,6 +150,11 @@ impl ClassifyLayer {
     pub fn deadlines(self, deadlines: DeadlineConfig) -> Self {
         let deadlines = Arc::new(deadlines);
         self.update(|s| s.deadlines = deadlines)
+    }
+
+    /// Which JSON-RPC batches are classified (default [`Batches::Auto`]).
+    pub fn batches(self, batches: Batches) -> Self {
+        self.update(|s| s.batches = batches)
     }
 
     /// How every layer below writes its rejections.

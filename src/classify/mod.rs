@@ -33,5 +33,5 @@ mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub use layer::{ClassifyLayer, DEFAULT_BODY_LIMIT};
+pub use layer::{Batches, ClassifyConfig, ClassifyLayer, DEFAULT_BODY_LIMIT};
 pub use service::Classify;

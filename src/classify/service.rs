@@ -125,9 +125,12 @@ pub(crate) fn classify(
     shared: &Shared,
 ) -> Result<Calls, Unclassified> {
     let parsed = mcp::parse(body)?;
-    let tenant = shared.identity.tenant(parts);
     let protocol_version =
         header_str(parts, mcp::PROTOCOL_VERSION).and_then(|v| v.parse::<ProtocolVersion>().ok());
+    if parsed.batch && !shared.batches.classifies(protocol_version) {
+        return Err(Unclassified::BatchUnsupported);
+    }
+    let tenant = shared.identity.tenant(parts);
     let header_method = header_str(parts, mcp::METHOD);
     let header_name = header_str(parts, mcp::NAME);
     let single = !parsed.batch;

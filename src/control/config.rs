@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::{Features, FixedLimits, Mode, Policy};
 use crate::breaker::BreakerConfig;
 use crate::budget::{BudgetConfig, TenantConfig};
-use crate::classify::DEFAULT_BODY_LIMIT;
+use crate::classify::{ClassifyConfig, DEFAULT_BODY_LIMIT};
 use crate::cost::CostConfig;
 use crate::deadline::DeadlineConfig;
 use crate::distributed::DistributedConfig;
@@ -44,6 +44,8 @@ pub struct Config {
     pub fixed: FixedLimits,
     /// The largest request body read, bytes (default 4 MiB).
     pub body_limit: usize,
+    /// The classifier: which JSON-RPC batches are classified.
+    pub classify: ClassifyConfig,
     /// How rejections are written.
     pub rejection: RejectionFormat,
     /// The per-resource FIFO limiter.
@@ -145,6 +147,7 @@ impl Default for Config {
             features: Features::default(),
             fixed: FixedLimits::default(),
             body_limit: DEFAULT_BODY_LIMIT,
+            classify: ClassifyConfig::default(),
             rejection: RejectionFormat::default(),
             fifo: FifoConfig::default(),
             budget: BudgetConfig::default(),
@@ -218,6 +221,7 @@ impl Config {
             ("features", a.features != b.features),
             ("fixed", a.fixed != b.fixed),
             ("body_limit", a.body_limit != b.body_limit),
+            ("classify", a.classify != b.classify),
             ("rejection", a.rejection != b.rejection),
             ("fifo", a.fifo != b.fifo),
             ("budget", a.budget != b.budget),

@@ -34,7 +34,12 @@ impl ProtocolVersion {
     /// MCP 2026-07-28, which reserves -32020..-32099 for codes it defines.
     pub const V2026_07_28: ProtocolVersion = ProtocolVersion(20260728);
 
-    /// Whether this revision reserves -32020..-32099, so -32029 must not be used.
+    /// Whether this revision has JSON-RPC batches: only 2025-03-26 (2025-06-18 removed them).
+    pub fn has_batches(self) -> bool {
+        self == Self::V2025_03_26
+    }
+
+    /// Whether this revision reserves -32020..-32099 (2026-07-28 and later).
     pub fn reserves_rate_limit_code(self) -> bool {
         self >= Self::V2026_07_28
     }
