@@ -266,6 +266,8 @@ pub struct Calls {
     pub(crate) batch: bool,
     pub(crate) body: Bytes,
     pub(crate) format: Arc<RejectionFormat>,
+    /// Which tools declare an `outputSchema` (for the tool-result form).
+    pub(crate) schemas: Arc<crate::mcp::ToolSchemas>,
     /// Told of every refusal of these calls.
     pub(crate) observers: Arc<[Arc<dyn crate::outcome::Observer>]>,
 }

@@ -73,13 +73,13 @@ async fn python(url: &str, mode: &str) -> Value {
 
 /// Runs the TypeScript driver with the SDK and Node installed in `STORMGATE_NODE_DIR`
 /// (default `target/ci-node`, where .ci/run installs them); its report.
-async fn typescript(url: &str) -> Value {
+async fn typescript(url: &str, storm_tool: &str) -> Value {
     let script = include_str!("clients/ts_client.mjs");
     let dir = common::node_dir();
     let node = format!("{dir}/node_modules/.bin/node");
     let run = tokio::process::Command::new(&node)
         .current_dir(&dir)
-        .args(["--input-type=module", "-e", script, url])
+        .args(["--input-type=module", "-e", script, url, storm_tool])
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(120), run)
@@ -116,6 +116,7 @@ fn assert_common(report: &Value) {
         [
             "cache_get",
             "create_order",
+            "order_count",
             "read_doc",
             "sql_scan",
             "vector_search"
@@ -201,7 +202,7 @@ async fn python_sdk_2026_07_28_reads_the_tool_result_form() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typescript_sdk_reads_the_error_form() {
     let (url, _control) = serve(config(false)).await;
-    let report = typescript(&url).await;
+    let report = typescript(&url, "cache_get").await;
     assert_eq!(report["protocol"], "2025-11-25");
     assert_common(&report);
     let refusal = &report["refusal"];
@@ -219,10 +220,29 @@ async fn typescript_sdk_reads_the_error_form() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typescript_sdk_reads_the_tool_result_form() {
     let (url, _control) = serve(config(true)).await;
-    let report = typescript(&url).await;
+    let report = typescript(&url, "cache_get").await;
     assert_common(&report);
     let refusal = &report["refusal"];
     assert_eq!(refusal["is_error"], true, "{refusal}");
     assert_hint(refusal["text"].as_str().unwrap(), &refusal["structured"]);
     assert_eq!(report["other_client"]["ok"], true, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typescript_sdk_accepts_the_tool_result_form_of_a_tool_with_an_output_schema() {
+    // `order_count` declares an outputSchema: the SDK validates structuredContent against it
+    // even on isError (-32602 "Structured content does not match the tool's output schema"),
+    // so the refusal's data goes in _meta, learned from the tools/list answer the client read.
+    let (url, control) = serve(config(true)).await;
+    let report = typescript(&url, "order_count").await;
+    assert_common(&report);
+    assert!(
+        control.classify().tool_schemas().declares("order_count"),
+        "learned from tools/list"
+    );
+    let refusal = &report["refusal"];
+    assert_eq!(refusal["is_error"], true, "{refusal}");
+    assert_eq!(refusal["structured"], Value::Null, "{refusal}");
+    let data = &refusal["meta"][stormgate::mcp::META_KEY];
+    assert_hint(refusal["text"].as_str().unwrap(), data);
 }

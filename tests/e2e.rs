@@ -89,6 +89,7 @@ async fn lists_and_calls_every_tool_through_the_whole_stack() {
         [
             "cache_get",
             "create_order",
+            "order_count",
             "read_doc",
             "sql_scan",
             "vector_search"

@@ -13,7 +13,7 @@ use axum::Router;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::wrapper::Parameters;
+use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{CallToolResult, ContentBlock, ServerCapabilities, ServerConfig};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -166,6 +166,13 @@ pub(crate) struct CreateOrder {
     pub(crate) quantity: u32,
 }
 
+/// What `order_count` answers: a tool with an `outputSchema`.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+pub(crate) struct OrderCount {
+    /// Orders created so far.
+    pub(crate) orders: u64,
+}
+
 /// The MCP tools.
 #[derive(Debug, Clone)]
 pub(crate) struct Tools {
@@ -230,6 +237,13 @@ impl Tools {
     async fn read_doc(&self, Parameters(ReadDoc { id }): Parameters<ReadDoc>) -> String {
         tokio::time::sleep(DOC_LATENCY).await;
         format!("document {id}")
+    }
+
+    #[tool(description = "How many orders exist (structured output, with an outputSchema)")]
+    async fn order_count(&self) -> Json<OrderCount> {
+        Json(OrderCount {
+            orders: self.backend.orders.load(Ordering::SeqCst),
+        })
     }
 
     #[tool(description = "Create an order (a non-idempotent write)")]

@@ -17,6 +17,8 @@ use tower::{BoxError, Service};
 
 use super::layer::Shared;
 use super::service::{classified, too_large, unreadable};
+use crate::call::Calls;
+use crate::mcp::{ToolListBody, ToolSchemas};
 
 pin_project! {
     /// Response future of [`Classify`](super::Classify): reads the body, then runs the inner
@@ -50,6 +52,8 @@ pin_project! {
         Calling {
             #[pin]
             future: S::Future,
+            // Set for a `tools/list`: its answer is learned from.
+            learn: Option<Arc<ToolSchemas>>,
         },
         Done {
             response: Option<Response>,
@@ -65,7 +69,10 @@ where
 {
     pub(super) fn call(future: S::Future) -> Self {
         ResponseFuture {
-            state: State::Calling { future },
+            state: State::Calling {
+                future,
+                learn: None,
+            },
         }
     }
 
@@ -127,12 +134,28 @@ where
                     };
                     let parts = parts.take().expect("polled after completion");
                     let request = classified(parts, body, shared);
+                    let lists_tools = request
+                        .extensions()
+                        .get::<Calls>()
+                        .and_then(Calls::single)
+                        .is_some_and(|c| c.method.as_deref() == Some("tools/list"));
+                    let learn = lists_tools.then(|| shared.schemas.clone());
                     let future = inner.call(request);
-                    this.state.set(State::Calling { future });
+                    this.state.set(State::Calling { future, learn });
                 }
-                StateProj::Calling { future } => {
+                StateProj::Calling { future, learn } => {
                     let response = ready!(future.poll(cx))?;
-                    return Poll::Ready(Ok(response.map(Body::new)));
+                    let Some(schemas) = learn.take() else {
+                        return Poll::Ready(Ok(response.map(Body::new)));
+                    };
+                    let sse = response
+                        .headers()
+                        .get(http::header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|v| v.starts_with("text/event-stream"));
+                    return Poll::Ready(Ok(
+                        response.map(|b| Body::new(ToolListBody::new(b, schemas, sse)))
+                    ));
                 }
                 StateProj::Done { response } => {
                     return Poll::Ready(Ok(response.take().expect("polled after completion")));

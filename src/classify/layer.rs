@@ -10,7 +10,7 @@ use crate::call::{DefaultIdentity, Identify};
 use crate::control::Switch;
 use crate::cost::Costs;
 use crate::deadline::DeadlineConfig;
-use crate::mcp::ProtocolVersion;
+use crate::mcp::{ProtocolVersion, ToolSchemas};
 use crate::outcome::Observer;
 use crate::rejection::RejectionFormat;
 
@@ -66,6 +66,8 @@ pub(crate) struct Shared {
     pub(crate) deadlines: Arc<DeadlineConfig>,
     pub(crate) switch: Switch,
     pub(crate) batches: Batches,
+    /// Learned from `tools/list` answers; kept across reloads.
+    pub(crate) schemas: Arc<ToolSchemas>,
 }
 
 /// Builds [`Classify`] services. See the [module docs](crate::classify).
@@ -87,6 +89,7 @@ impl ClassifyLayer {
                 deadlines: Arc::new(DeadlineConfig::default()),
                 switch: Switch::default(),
                 batches: Batches::default(),
+                schemas: Arc::default(),
             })),
         }
     }
@@ -155,6 +158,11 @@ impl ClassifyLayer {
     /// Which JSON-RPC batches are classified (default [`Batches::Auto`]).
     pub fn batches(self, batches: Batches) -> Self {
         self.update(|s| s.batches = batches)
+    }
+
+    /// The tools the `tools/list` answers passing through declared an `outputSchema` for.
+    pub fn tool_schemas(&self) -> Arc<ToolSchemas> {
+        self.shared.load().schemas.clone()
     }
 
     /// How every layer below writes its rejections.

@@ -189,6 +189,7 @@ pub(crate) fn classify(
         batch: parsed.batch,
         body: body.clone(),
         format: shared.format.clone(),
+        schemas: shared.schemas.clone(),
         observers: shared.observers.clone(),
     })
 }

@@ -193,6 +193,11 @@ impl Control {
         &self.inner.fifo
     }
 
+    /// The classify layer (and through it, the tool schemas it learned).
+    pub fn classify(&self) -> &ClassifyLayer {
+        &self.inner.classify
+    }
+
     /// The idempotency layer.
     pub fn idempotency(&self) -> &IdempotencyLayer {
         &self.inner.idempotency

@@ -152,7 +152,7 @@ fn deadline_answers(calls: &Calls, queue_wait: Duration) -> Vec<(String, Vec<u8>
         .filter_map(|c| {
             let id = c.id.as_ref()?.as_json().to_owned();
             let mut out = Vec::new();
-            reply::rejection_element(c, &deadline_rejection(queue_wait), &calls.format, &mut out);
+            reply::rejection_element(c, &deadline_rejection(queue_wait), calls, &mut out);
             Some((id, out))
         })
         .collect()

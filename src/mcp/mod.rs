@@ -5,12 +5,15 @@
 
 mod envelope;
 pub(crate) mod reply;
+mod schemas;
 pub(crate) mod verdict;
 
 use std::fmt;
 use std::str::FromStr;
 
 pub(crate) use envelope::parse;
+pub(crate) use schemas::ToolListBody;
+pub use schemas::{MAX_ANSWER, MAX_NAME, MAX_TOOLS, META_KEY, ToolSchemas};
 
 /// `Mcp-Session-Id`: the session header of MCP revisions before 2026-07-28.
 pub const SESSION_ID: &str = "mcp-session-id";

@@ -41,12 +41,22 @@ enum Outcome<'a> {
         content: [TextContent; 1],
         #[serde(rename = "isError")]
         is_error: bool,
-        #[serde(rename = "structuredContent")]
-        structured_content: RejectionData,
+        #[serde(rename = "structuredContent", skip_serializing_if = "Option::is_none")]
+        structured_content: Option<RejectionData>,
+        /// The data, for a tool that declares an `outputSchema` it would not match.
+        #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
+        meta: Option<RejectionMeta>,
         /// `complete` under revisions that have it (2026-07-28 and later).
         #[serde(rename = "resultType", skip_serializing_if = "Option::is_none")]
         result_type: Option<&'a str>,
     },
+}
+
+/// `_meta` of a tool-result refusal; the key is [`META_KEY`](super::META_KEY).
+#[derive(Serialize)]
+struct RejectionMeta {
+    #[serde(rename = "io.stormgate/rejection")]
+    rejection: RejectionData,
 }
 
 #[derive(Serialize)]
@@ -70,9 +80,10 @@ fn write_json<T: Serialize>(out: &mut Vec<u8>, value: &T) {
 pub(crate) fn rejection_element(
     call: &Call,
     rejection: &Rejection,
-    format: &RejectionFormat,
+    calls: &Calls,
     out: &mut Vec<u8>,
 ) {
+    let format: &RejectionFormat = &calls.format;
     let id: &RawValue = match &call.id {
         Some(id) => id.raw(),
         None => null(),
@@ -81,14 +92,21 @@ pub(crate) fn rejection_element(
         .protocol_version
         .is_some_and(|v| v.reserves_rate_limit_code());
     let message = rejection.message_in(&format.message);
-    let body = if format.tool_result && call.tool.is_some() {
+    let body = if let Some(tool) = call.tool.as_deref().filter(|_| format.tool_result) {
+        let (structured_content, meta) = if calls.schemas.declares(tool) {
+            let rejection = rejection.data();
+            (None, Some(RejectionMeta { rejection }))
+        } else {
+            (Some(rejection.data()), None)
+        };
         Outcome::ToolResult {
             content: [TextContent {
                 kind: "text",
                 text: message,
             }],
             is_error: true,
-            structured_content: rejection.data(),
+            structured_content,
+            meta,
             result_type: modern.then_some("complete"),
         }
     } else {
@@ -118,7 +136,7 @@ pub(crate) fn rejection_elements(calls: &Calls, rejected: &[(usize, Rejection)])
         .iter()
         .map(|(i, r)| {
             let mut out = Vec::with_capacity(192);
-            rejection_element(&calls.calls[*i], r, &calls.format, &mut out);
+            rejection_element(&calls.calls[*i], r, calls, &mut out);
             out
         })
         .collect()

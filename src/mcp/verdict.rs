@@ -124,6 +124,7 @@ fn without(calls: &Calls, rejected: &[(usize, Rejection)]) -> Calls {
         batch: true,
         body,
         format: calls.format.clone(),
+        schemas: calls.schemas.clone(),
         observers: calls.observers.clone(),
     }
 }

@@ -1,13 +1,15 @@
 // Drives a stormgate-protected MCP server with the official TypeScript SDK
 // (@modelcontextprotocol/sdk, pinned in .ci/run) and prints one JSON report on stdout for
 // tests/clients.rs to assert on. Run from a directory where the SDK is installed:
-//   node --input-type=module -e "$(cat ts_client.mjs)" URL
+//   node --input-type=module -e "$(cat ts_client.mjs)" URL [STORM_TOOL]
 // Same steps as python_client.py: clients A and B; A lists and calls every tool, storms
 // cache_get until refused; B calls once; A waits the retry hint and calls again.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
-const url = new URL(process.argv[process.argv.length - 1]);
+// With -e, argv is [node, URL, STORM_TOOL?].
+const url = new URL(process.argv[1]);
+const stormTool = process.argv[2] ?? "cache_get";
 const ARGS = {
   cache_get: { key: "k" },
   vector_search: { query: "weather" },
@@ -30,6 +32,7 @@ async function call(client, name, args) {
       is_error: Boolean(r.isError),
       text: r.content?.[0]?.text ?? null,
       structured: r.structuredContent ?? null,
+      meta: r._meta ?? null,
     };
   } catch (e) {
     return { ok: false, exception: e.constructor.name, code: e.code ?? null, message: e.message, data: e.data ?? null };
@@ -46,7 +49,7 @@ report.calls = {};
 for (const t of report.tools) report.calls[t] = await call(a, t, ARGS[t] ?? {});
 report.refusal = null;
 for (let i = 0; i < 100; i++) {
-  const answer = await call(a, "cache_get", { key: `storm-${i}` });
+  const answer = await call(a, stormTool, stormTool === "cache_get" ? { key: `storm-${i}` } : {});
   if (!answer.ok) {
     report.refusal = { ...answer, after_calls: i + 1 };
     break;
@@ -54,7 +57,8 @@ for (let i = 0; i < 100; i++) {
 }
 report.other_client = await call(b, "cache_get", { key: "b" });
 if (report.refusal) {
-  const data = report.refusal.data ?? report.refusal.structured ?? {};
+  const data =
+    report.refusal.data ?? report.refusal.structured ?? report.refusal.meta?.["io.stormgate/rejection"] ?? {};
   await new Promise((r) => setTimeout(r, data.retryAfterMs ?? data.retry_after_ms ?? 0));
   report.after_waiting = await call(a, "cache_get", { key: "again" });
 }

@@ -1,0 +1,200 @@
+//! Which tools declare an `outputSchema`, learned from the `tools/list` answers passing
+//! through. A tool-result refusal may put its data in `structuredContent` only for a tool that
+//! declares none: clients validate `structuredContent` against a declared schema even on
+//! `isError` (the TypeScript SDK answers -32602), so for the others the data goes in the
+//! result's `_meta` under [`META_KEY`].
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::Frame;
+use pin_project_lite::pin_project;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+use crate::outcome::sse::SseParser;
+
+/// The `_meta` key of a refusal's data for tools that declare an `outputSchema`.
+pub const META_KEY: &str = "io.stormgate/rejection";
+
+/// Tool names kept at most; past it, new names are not learned (their refusals keep the data
+/// in `structuredContent`).
+pub const MAX_TOOLS: usize = 10_000;
+/// Longest tool name kept, bytes; longer ones are not learned.
+pub const MAX_NAME: usize = 256;
+/// Bytes of one `tools/list` answer read at most; a longer answer is not learned from.
+pub const MAX_ANSWER: usize = 4 * 1024 * 1024;
+
+/// The tools known to declare an `outputSchema`. Bounded: at most [`MAX_TOOLS`] names of at
+/// most [`MAX_NAME`] bytes (about 2.6 MB at worst).
+#[derive(Debug, Default)]
+pub struct ToolSchemas {
+    declared: Mutex<HashSet<Box<str>>>,
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    result: Option<ListResult>,
+}
+
+#[derive(Deserialize)]
+struct ListResult {
+    tools: Vec<Tool>,
+}
+
+#[derive(Deserialize)]
+struct Tool {
+    name: String,
+    #[serde(rename = "outputSchema")]
+    output_schema: Option<IgnoredAny>,
+}
+
+impl ToolSchemas {
+    /// Whether `tool` was last listed with an `outputSchema`.
+    pub fn declares(&self, tool: &str) -> bool {
+        self.lock().contains(tool)
+    }
+
+    /// Tools known to declare one.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is known.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<Box<str>>> {
+        self.declared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Learns from one JSON-RPC message of a `tools/list` answer: each listed tool with an
+    /// `outputSchema` is added, each without one removed.
+    pub(crate) fn learn(&self, message: &[u8]) {
+        let Ok(Answer {
+            result: Some(result),
+        }) = serde_json::from_slice::<Answer>(message)
+        else {
+            return;
+        };
+        let mut declared = self.lock();
+        for tool in result.tools {
+            if tool.output_schema.is_none() {
+                declared.remove(tool.name.as_str());
+            } else if tool.name.len() <= MAX_NAME && declared.len() < MAX_TOOLS {
+                declared.insert(tool.name.into_boxed_str());
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// A `tools/list` answer passed through unchanged, learned from as it goes (JSON: at its
+    /// end; SSE: event by event), up to [`MAX_ANSWER`] bytes.
+    pub(crate) struct ToolListBody<B> {
+        #[pin]
+        inner: B,
+        schemas: Arc<ToolSchemas>,
+        sse: Option<SseParser>,
+        json: Vec<u8>,
+        read: usize,
+    }
+}
+
+impl<B> ToolListBody<B> {
+    pub(crate) fn new(inner: B, schemas: Arc<ToolSchemas>, sse: bool) -> Self {
+        ToolListBody {
+            inner,
+            schemas,
+            sse: sse.then(SseParser::default),
+            json: Vec::new(),
+            read: 0,
+        }
+    }
+}
+
+impl<B> http_body::Body for ToolListBody<B>
+where
+    B: http_body::Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let frame = std::task::ready!(this.inner.poll_frame(cx));
+        match &frame {
+            Some(Ok(f)) => {
+                if let Some(data) = f.data_ref() {
+                    *this.read += data.len();
+                    if *this.read <= MAX_ANSWER {
+                        let schemas = &**this.schemas;
+                        match this.sse.as_mut() {
+                            Some(sse) => sse.feed(data, |event| schemas.learn(event)),
+                            None => this.json.extend_from_slice(data),
+                        }
+                    } else {
+                        this.json.clear();
+                    }
+                }
+            }
+            None if this.sse.is_none() && !this.json.is_empty() => {
+                this.schemas.learn(this.json);
+                this.json.clear();
+            }
+            _ => {}
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn learns_which_tools_declare_a_schema_and_forgets_on_relisting() {
+        let s = ToolSchemas::default();
+        s.learn(
+            br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[
+            {"name":"a","inputSchema":{},"outputSchema":{"type":"object"}},
+            {"name":"b","inputSchema":{}}]}}"#,
+        );
+        assert!(s.declares("a"));
+        assert!(!s.declares("b"));
+        s.learn(br#"{"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"a","inputSchema":{}}]}}"#);
+        assert!(!s.declares("a"), "relisted without one");
+        s.learn(b"not json");
+        s.learn(br#"{"jsonrpc":"2.0","id":3,"error":{"code":1,"message":"x"}}"#);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn names_are_bounded_in_length_and_count() {
+        let s = ToolSchemas::default();
+        let long = "x".repeat(MAX_NAME + 1);
+        let tools: Vec<String> = (0..MAX_TOOLS + 50)
+            .map(|i| format!(r#"{{"name":"t{i}","outputSchema":{{}}}}"#))
+            .chain([format!(r#"{{"name":"{long}","outputSchema":{{}}}}"#)])
+            .collect();
+        let answer = format!(r#"{{"result":{{"tools":[{}]}}}}"#, tools.join(","));
+        s.learn(answer.as_bytes());
+        assert_eq!(s.len(), MAX_TOOLS);
+        assert!(!s.declares(&long));
+    }
+}
