@@ -109,3 +109,63 @@ async fn a_sql_scan_burst_drives_the_budget_down_and_it_recovers_by_steps() {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_clumsy_client_moves_neither_the_budget_nor_a_breaker() {
+    // Unknown tools and bad arguments (rmcp answers at once) are the client's mistakes:
+    // before, they read as backend failures and cut the global budget for everyone, and ten of
+    // them opened the tool's breaker.
+    let mut config = Config::default();
+    config.breaker.tools.insert("sql_scan".into());
+    config.sessions.enabled = false; // the guard is not under test here
+    let (router, control) = app::protected(app::Backend::new(), config).unwrap();
+    let sid = session(&router).await;
+    let mut id = 0;
+    for _ in 0..10 {
+        for _ in 0..10 {
+            id += 1;
+            let (tool, args) = if id % 2 == 0 {
+                ("no_such_tool", json!({}))
+            } else {
+                ("sql_scan", json!({"tabel": "misspelt"}))
+            };
+            let (msg, _) = message(
+                router
+                    .clone()
+                    .oneshot(tool_call(&sid, id, tool, args))
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            // rmcp: -32602 for an unknown tool; an isError result "failed to deserialize
+            // parameters" for bad arguments.
+            assert!(
+                msg["error"]["code"] == -32602 || msg["result"]["isError"] == true,
+                "{msg}"
+            );
+        }
+        control.budget().tick();
+    }
+    assert_eq!(
+        control.budget().current(),
+        1000.0,
+        "the budget stays at stable"
+    );
+    assert_eq!(
+        control.budget().health().error_rate,
+        0.0,
+        "no backend error seen"
+    );
+    let (msg, _) = message(
+        router
+            .clone()
+            .oneshot(tool_call(&sid, 999, "sql_scan", json!({"table": "t"})))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        msg["result"]["isError"], false,
+        "the breaker stayed closed: {msg}"
+    );
+}

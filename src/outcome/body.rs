@@ -12,7 +12,10 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::sse::SseParser;
-use super::{Observation, Observer, Outcome, REQUEST_TIMEOUT_CODE};
+use super::{
+    CLIENT_ERROR_CODES, INPUT_VALIDATION_PREFIXES, Observation, Observer, Outcome,
+    REQUEST_TIMEOUT_CODE,
+};
 use crate::call::Call;
 
 /// The observers every outcome goes to.
@@ -89,16 +92,43 @@ impl Drop for Pending {
 struct Reply<'a> {
     #[serde(borrow, default)]
     id: Option<&'a RawValue>,
-    #[serde(default)]
-    result: Option<ResultPart>,
+    #[serde(borrow, default)]
+    result: Option<ResultPart<'a>>,
     #[serde(default)]
     error: Option<ErrorPart>,
 }
 
 #[derive(Deserialize)]
-struct ResultPart {
+struct ResultPart<'a> {
     #[serde(rename = "isError", default)]
     is_error: Option<bool>,
+    /// Kept raw: read only for an `isError` result.
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct TextBlock<'a> {
+    #[serde(borrow, default)]
+    text: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl ResultPart<'_> {
+    /// An `isError` result that says the arguments were invalid (the server's input
+    /// validation, before the tool ran): its first text block starts with one of
+    /// [`INPUT_VALIDATION_PREFIXES`].
+    fn is_input_validation_error(&self) -> bool {
+        let Some(content) = self.content else {
+            return false;
+        };
+        let Ok(blocks) = serde_json::from_str::<Vec<TextBlock<'_>>>(content.get()) else {
+            return false;
+        };
+        blocks
+            .first()
+            .and_then(|b| b.text.as_deref())
+            .is_some_and(|t| INPUT_VALIDATION_PREFIXES.iter().any(|p| t.starts_with(p)))
+    }
 }
 
 #[derive(Deserialize)]
@@ -110,7 +140,11 @@ struct ErrorPart {
 fn outcome_of(reply: Reply<'_>) -> Option<(&RawValue, Outcome)> {
     let outcome = match (&reply.result, &reply.error) {
         (_, Some(e)) if e.code == REQUEST_TIMEOUT_CODE => Outcome::Timeout,
+        (_, Some(e)) if CLIENT_ERROR_CODES.contains(&e.code) => Outcome::ClientError,
         (_, Some(_)) => Outcome::Error,
+        (Some(r), None) if r.is_error == Some(true) && r.is_input_validation_error() => {
+            Outcome::ClientError
+        }
         (Some(r), None) if r.is_error == Some(true) => Outcome::Error,
         (Some(_), None) => Outcome::Ok,
         (None, None) => return None,
@@ -215,5 +249,54 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(text: &str) -> Outcome {
+        outcome_of(serde_json::from_str(text).unwrap()).unwrap().1
+    }
+
+    #[test]
+    fn the_clients_mistakes_are_client_errors() {
+        for code in CLIENT_ERROR_CODES {
+            let text =
+                format!(r#"{{"jsonrpc":"2.0","id":1,"error":{{"code":{code},"message":"x"}}}}"#);
+            assert_eq!(outcome(&text), Outcome::ClientError, "{code}");
+        }
+        assert_eq!(
+            outcome(r#"{"id":1,"error":{"code":-32603,"message":"internal"}}"#),
+            Outcome::Error
+        );
+        assert_eq!(
+            outcome(r#"{"id":1,"error":{"code":-32001,"message":"timeout"}}"#),
+            Outcome::Timeout
+        );
+        for text in [
+            "failed to deserialize parameters: missing field `table`",
+            "MCP error -32602: Input validation error: Invalid arguments for tool t: x",
+            "Input validation error: bad",
+        ] {
+            let answer = serde_json::json!({"id": 1, "result": {"isError": true,
+                "content": [{"type": "text", "text": text}]}});
+            assert_eq!(outcome(&answer.to_string()), Outcome::ClientError, "{text}");
+        }
+        assert_eq!(
+            outcome(
+                r#"{"id":1,"result":{"isError":true,"content":[{"type":"text","text":"connection pool exhausted"}]}}"#
+            ),
+            Outcome::Error,
+            "a tool's own failure"
+        );
+        assert_eq!(
+            outcome(
+                r#"{"id":1,"result":{"content":[{"type":"text","text":"failed to deserialize parameters"}]}}"#
+            ),
+            Outcome::Ok,
+            "only isError results are read"
+        );
     }
 }

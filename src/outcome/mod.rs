@@ -12,7 +12,10 @@
 //!   carries its id;
 //! * an HTTP 5xx, a JSON-RPC error, or a `tools/call` result with `isError: true` is an
 //!   [`Outcome::Error`]; JSON-RPC error -32001 (the MCP SDKs' request timeout) is an
-//!   [`Outcome::Timeout`];
+//!   [`Outcome::Timeout`]; an HTTP 4xx and the JSON-RPC errors of the client's own mistakes
+//!   ([`CLIENT_ERROR_CODES`]: an unknown method or tool, bad arguments, a malformed request)
+//!   and `isError` results of the server's input validation ([`INPUT_VALIDATION_PREFIXES`])
+//!   are [`Outcome::ClientError`], never evidence against the backend;
 //! * a client that goes away (the response future or body dropped before the answer passed) is
 //!   [`Outcome::Cancelled`].
 
@@ -33,14 +36,17 @@ use crate::call::Call;
 pub enum Outcome {
     /// It answered normally.
     Ok,
-    /// HTTP 5xx, a JSON-RPC error, or an `isError` tool result.
+    /// HTTP 5xx, a JSON-RPC error other than the client's mistakes, or an `isError` tool
+    /// result.
     Error,
     /// It timed out (JSON-RPC error -32001).
     Timeout,
     /// The client went away before the answer.
     Cancelled,
-    /// The server refused the request as invalid (HTTP 4xx, e.g. an unknown session). Not a
-    /// failure of the backend: a flood of bad requests must not drive the budget down.
+    /// The server refused the request as invalid: HTTP 4xx (e.g. an unknown session), or a
+    /// JSON-RPC error in [`CLIENT_ERROR_CODES`] (an unknown tool, bad arguments). Not a failure
+    /// of the backend: one client's mistakes must not drive the budget down for everyone, nor
+    /// open a breaker.
     ClientError,
 }
 
@@ -93,3 +99,18 @@ pub trait Observer: Send + Sync + 'static {
 
 /// JSON-RPC error code of a request timeout in the MCP SDKs.
 pub const REQUEST_TIMEOUT_CODE: i64 = -32001;
+
+/// JSON-RPC error codes that say the request was the client's mistake: parse error, invalid
+/// request, method not found, invalid params (MCP servers answer an unknown tool or bad
+/// arguments with -32602). Answered without running anything: [`Outcome::ClientError`].
+pub const CLIENT_ERROR_CODES: [i64; 4] = [-32700, -32600, -32601, -32602];
+
+/// How the MCP SDKs begin the `isError` result of a call whose arguments failed the server's
+/// input validation (the tool never ran): rmcp (`failed to deserialize parameters`) and the
+/// TypeScript SDK (`MCP error -32602: Input validation error`, `Input validation error`).
+/// Such a result is an [`Outcome::ClientError`].
+pub const INPUT_VALIDATION_PREFIXES: [&str; 3] = [
+    "failed to deserialize parameters",
+    "MCP error -32602",
+    "Input validation error",
+];

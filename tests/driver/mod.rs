@@ -206,9 +206,22 @@ pub async fn drive(router: &Router, control: &Control) -> Vec<String> {
         ));
     }
     control.set_mode(Mode::Adaptive);
-    // Two failed writes (invalid arguments: an error result) open create_order's breaker,
-    // once the budgets have refilled.
+    // Two backend failures of create_order open its breaker (invalid arguments would not:
+    // they are the client's mistake), once the budgets have refilled.
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let failed = stormgate::Call::request("tools/call").with_tool("create_order");
+    for _ in 0..2 {
+        stormgate::outcome::Observer::observe(
+            control.breakers(),
+            &stormgate::outcome::Observation {
+                call: &failed,
+                outcome: stormgate::outcome::Outcome::Error,
+                service_time: Duration::from_millis(5),
+                response_bytes: 0,
+                queue_wait: Duration::ZERO,
+            },
+        );
+    }
     // (each call from a new session, so the session guard does not step in first).
     for i in 0..3 {
         let s = open(router, "breaker").await;
