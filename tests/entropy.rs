@@ -248,3 +248,67 @@ async fn a_session_whose_slow_calls_are_abandoned_is_scored_as_slow() {
     let s = g.summary(&SessionId::new("impatient")).unwrap();
     assert_eq!((s.score, s.factor), (0.0, 1.0), "{s:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn one_failed_call_is_not_a_bad_session_but_a_failing_one_is_cut_within_15_calls() {
+    let g = guard();
+    let start = tokio::time::Instant::now();
+    // A new session whose very first call fails: before, its error average took that one
+    // sample as its value and the session was cut to the 2% floor for ~11 s.
+    let c = call("unlucky", "search", json!({"q": "weather in Paris"}));
+    send(&g, &c, Outcome::Error, ms(200), start).await;
+    // At most a small cut, quickly recovered.
+    let mut last = None;
+    for _ in 0..20 {
+        tokio::time::advance(ms(1000)).await;
+        let step = send(&g, &c, Outcome::Ok, ms(200), start).await;
+        assert!(step.admitted);
+        assert!(step.factor >= 0.8, "{step:?}");
+        last = Some(step);
+    }
+    assert_eq!(last.unwrap().factor, 1.0, "recovered");
+    // Every call failing, from the start: cut once there is evidence, well within 15 calls.
+    let bad = call("failing", "search", json!({"q": "weather in Paris"}));
+    let mut cut_at = None;
+    for i in 1..=15 {
+        tokio::time::advance(ms(1000)).await;
+        let step = send(&g, &bad, Outcome::Error, ms(200), start).await;
+        if step.factor < 0.5 && cut_at.is_none() {
+            cut_at = Some(i);
+        }
+    }
+    let cut_at = cut_at.expect("cut within 15 calls");
+    assert!(
+        cut_at > 5,
+        "no penalty before min_calls (5) finished calls: {cut_at}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn milliseconds_of_noise_on_a_fast_tool_are_not_slowness() {
+    let g = guard();
+    let start = tokio::time::Instant::now();
+    // The tool's healthy latency: 0.35 ms (a cache).
+    let warm = call("warm", "cache_get", json!({"key": "k"}));
+    for _ in 0..50 {
+        send(&g, &warm, Outcome::Ok, Duration::from_micros(350), start).await;
+        tokio::time::advance(ms(500)).await;
+    }
+    // A steady agent whose calls take 2 ms (a ratio of 6, but 1.65 ms over the baseline,
+    // under the 5 ms floor): before, it was scored as slow and cut.
+    let steady = call("steady", "cache_get", json!({"key": "k"}));
+    for _ in 0..60 {
+        let step = send(&g, &steady, Outcome::Ok, ms(2), start).await;
+        assert!(step.admitted);
+        assert_eq!(step.factor, 1.0, "{step:?}");
+        tokio::time::advance(ms(500)).await;
+    }
+    // 20 ms calls are over the floor and 57x the baseline: slow.
+    let slow = call("slow", "cache_get", json!({"key": "k"}));
+    let mut last = None;
+    for _ in 0..30 {
+        last = Some(send(&g, &slow, Outcome::Ok, ms(20), start).await);
+        tokio::time::advance(ms(500)).await;
+    }
+    assert!(last.unwrap().factor < 1.0, "{last:?}");
+}

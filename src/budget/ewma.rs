@@ -24,6 +24,16 @@ impl Ewma {
         Ewma { alpha, value: None }
     }
 
+    /// An average that starts at `prior`, as if it had seen it already: the first sample then
+    /// moves it only `alpha` of the way (one bad call is not a bad session).
+    pub fn with_prior(alpha: f64, prior: f64) -> Self {
+        debug_assert!(alpha > 0.0 && alpha <= 1.0, "alpha in (0, 1]");
+        Ewma {
+            alpha,
+            value: Some(prior),
+        }
+    }
+
     /// Folds in one sample and returns the new average.
     pub fn update(&mut self, sample: f64) -> f64 {
         let next = match self.value {

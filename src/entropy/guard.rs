@@ -66,6 +66,14 @@ pub struct SessionConfig {
     pub error_tolerance: f64,
     /// Ratio to the tools' healthy latency a healthy session may have. Default 1.5.
     pub latency_tolerance: f64,
+    /// A call at most this much slower than its tool's healthy latency is never slow, whatever
+    /// the ratio (`latency_floor_ms`): milliseconds of noise on a sub-millisecond tool are not
+    /// distress. Default 5 ms.
+    #[serde(rename = "latency_floor_ms", with = "crate::duration_ms")]
+    pub latency_floor: Duration,
+    /// Finished calls a session needs before its health or storm score may cut its budget
+    /// (evidence before penalty). Default 5.
+    pub min_calls: u32,
     /// Sessions tracked at most; past it, new sessions share one overflow session, and no
     /// tracked session is evicted for them. Default 100 000.
     pub max_sessions: usize,
@@ -92,6 +100,8 @@ impl Default for SessionConfig {
             recover_step: 0.1,
             error_tolerance: 0.05,
             latency_tolerance: 1.5,
+            latency_floor: Duration::from_millis(5),
+            min_calls: 5,
             max_sessions: 100_000,
             idle_ttl: Duration::from_secs(300),
             top_n: 10,
@@ -184,6 +194,8 @@ struct Session {
     last: u64,
     consumed: f64,
     calls: u64,
+    /// Calls that finished (their outcome observed).
+    finished: u64,
     rejected: u64,
     /// In the storm state (logged on entry and exit): entered when the factor falls below
     /// [`STORM_ENTER`], left when it is back at [`STORM_LEAVE`] or above.
@@ -374,8 +386,9 @@ impl SessionGuard {
         Session {
             id,
             window: SessionWindow::new(config.window_size, config.buckets, config.max_keys),
-            errors: Ewma::new(HEALTH_ALPHA),
-            latency: Ewma::new(HEALTH_ALPHA),
+            // Priors: healthy until shown otherwise.
+            errors: Ewma::with_prior(HEALTH_ALPHA, 0.0),
+            latency: Ewma::with_prior(HEALTH_ALPHA, 1.0),
             entropy_baseline: Ewma::new(BASELINE_ALPHA),
             tokens: config.burst,
             factor: 1.0,
@@ -383,6 +396,7 @@ impl SessionGuard {
             last: 0,
             consumed: 0.0,
             calls: 0,
+            finished: 0,
             rejected: 0,
             storm: false,
         }
@@ -592,7 +606,8 @@ impl Admission for SessionGuard {
         }
         s.score = storm_score(&signals, t);
         let policy = self.inner.switch.load();
-        let target = if policy.features.entropy_penalty {
+        let evidence = s.finished >= u64::from(config.min_calls);
+        let target = if policy.features.entropy_penalty && evidence {
             budget_factor(s.score, config.entropy_coefficient, config.min_factor)
         } else {
             1.0
@@ -657,7 +672,16 @@ impl Observer for SessionGuard {
             return;
         };
         let secs = o.service_time.as_secs_f64().max(1e-6);
-        let ratio = self.tool_baseline(tool).map_or(1.0, |b| secs / b.max(1e-6));
+        let floor = config.latency_floor.as_secs_f64();
+        let ratio = self.tool_baseline(tool).map_or(1.0, |b| {
+            let ratio = secs / b.max(1e-6);
+            // Within the floor of its healthy latency: noise, not slowness.
+            if secs <= b + floor {
+                ratio.min(1.0)
+            } else {
+                ratio
+            }
+        });
         let cancelled = o.outcome == Outcome::Cancelled;
         if cancelled && ratio <= config.latency_tolerance {
             // A call its client gave up on ran at least this long: evidence of slowness when
@@ -678,6 +702,7 @@ impl Observer for SessionGuard {
             return;
         };
         let mut s = lock(&entry);
+        s.finished += 1;
         s.errors
             .update(if o.outcome.is_failure() { 1.0 } else { 0.0 });
         s.latency.update(ratio);
