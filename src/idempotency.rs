@@ -43,9 +43,9 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 use crate::fifo::future::ResponseFuture;
 
 use crate::call::{Call, Calls, Meta, Tenant};
-use crate::control::{Mode, Switch};
 use crate::mcp::verdict::RefusedCalls;
 use crate::outcome::sse::SseParser;
+use crate::policy::{Mode, Switch};
 
 /// What to do with a listed tool called without a key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

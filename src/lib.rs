@@ -65,6 +65,7 @@ pub mod idempotency;
 pub mod mcp;
 pub mod metrics;
 pub mod outcome;
+mod policy;
 pub mod rejection;
 
 pub use call::{Call, CallKind, Calls, RequestId, SessionId, Tenant};

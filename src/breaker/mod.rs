@@ -30,8 +30,8 @@ pub use state::{Breaker, BreakerState};
 
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::Call;
-use crate::control::{Mode, Switch};
 use crate::outcome::{Observation, Observer, Outcome};
+use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
 
 /// Breaker settings. Defaults are stormgate's (seed 002 gives the mechanism, not numbers).

@@ -54,11 +54,11 @@ pub use tenant::{DEMAND_HEADROOM, TenantConfig, allocate};
 
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::{Call, Tenant};
-use crate::control::{Mode, Policy, Switch};
 use crate::cost::{CostConfig, Costs};
 use crate::error::ConfigError;
 use crate::metrics;
 use crate::outcome::{Observation, Observer};
+use crate::policy::{Mode, Policy, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
 use sampler::Sampler;
 use shared::Leased;

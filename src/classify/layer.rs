@@ -7,11 +7,11 @@ use tower::Layer;
 
 use super::Classify;
 use crate::call::{DefaultIdentity, Identify};
-use crate::control::Switch;
 use crate::cost::Costs;
 use crate::deadline::DeadlineConfig;
 use crate::mcp::{ProtocolVersion, ToolSchemas};
 use crate::outcome::Observer;
+use crate::policy::Switch;
 use crate::rejection::RejectionFormat;
 
 /// Default bound on a buffered request body: 4 MiB, the same as rmcp's.

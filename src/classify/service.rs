@@ -136,8 +136,7 @@ pub(crate) fn classify(
     let single = !parsed.batch;
     let now = tokio::time::Instant::now();
     // The kill switch's `off` refuses nothing: no deadline to cut a call at.
-    let deadlines =
-        (shared.switch.mode() != crate::control::Mode::Off).then_some(&shared.deadlines);
+    let deadlines = (shared.switch.mode() != crate::policy::Mode::Off).then_some(&shared.deadlines);
     let calls = parsed
         .messages
         .into_iter()

@@ -17,12 +17,11 @@ mod audit;
 mod config;
 mod document;
 mod handle;
-mod policy;
 mod watch;
 
 pub use crate::error::{ConfigError, ControlError};
+pub use crate::policy::{Features, FixedLimits, Mode, Policy, Switch};
 pub use audit::{AUDIT_MAX_SESSIONS, AUDIT_PER_SESSION, Audit, Invocation};
 pub use config::{AdminConfig, Config, IdentityConfig, MetricsConfig};
 pub use handle::{Control, Source};
-pub use policy::{Features, FixedLimits, Mode, Policy, Switch};
 pub use watch::DEBOUNCE;

@@ -17,9 +17,9 @@ use super::window::SessionWindow;
 use crate::admit::{Admission, AdmitLayer};
 use crate::budget::Ewma;
 use crate::call::{Call, SessionId};
-use crate::control::{Mode, Switch};
 use crate::metrics;
 use crate::outcome::{Observation, Observer, Outcome};
+use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
 
 /// The session calls past `max_sessions` share.
