@@ -322,13 +322,20 @@ fn ceil_div(n: u128, d: u128) -> u64 {
 }
 
 /// Walks `template`, copying text to `out` and calling `field` for each `{name}`; `{{` and
-/// `}}` are literal braces. Stops with `Err` at the first malformed brace or a name `field`
-/// rejects (returns false).
+/// `}}` are literal braces. Stops with the `rejection.message` error at the first malformed
+/// brace or a name `field` rejects (returns false).
 fn render(
     template: &str,
     out: &mut String,
     mut field: impl FnMut(&str, &mut String) -> bool,
-) -> Result<(), String> {
+) -> Result<(), ConfigError> {
+    let broken = |rule: String| {
+        let names = MESSAGE_PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ");
+        ConfigError::new(
+            "rejection.message",
+            format!("{rule} (placeholders: {names})"),
+        )
+    };
     let mut rest = template;
     while let Some(i) = rest.find(['{', '}']) {
         out.push_str(&rest[..i]);
@@ -341,16 +348,16 @@ fn render(
         let close = match tail.strip_prefix('{').and_then(|t| t.find('}')) {
             Some(close) => close,
             None => {
-                return Err(format!(
+                return Err(broken(format!(
                     "unmatched {:?} at byte {}",
                     &tail[..1],
                     template.len() - tail.len()
-                ));
+                )));
             }
         };
         let name = &tail[1..=close];
         if !field(name, out) {
-            return Err(format!("unknown placeholder {{{name}}}"));
+            return Err(broken(format!("unknown placeholder {{{name}}}")));
         }
         rest = &tail[close + 2..];
     }
@@ -402,15 +409,6 @@ impl RejectionFormat {
     pub fn validate(&self) -> Result<(), ConfigError> {
         render(&self.message, &mut String::new(), |name, _| {
             MESSAGE_PLACEHOLDERS.contains(&name)
-        })
-        .map_err(|rule| {
-            ConfigError::new(
-                "rejection.message",
-                format!(
-                    "{rule} (placeholders: {})",
-                    MESSAGE_PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ")
-                ),
-            )
         })
     }
 }
