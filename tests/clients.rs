@@ -42,25 +42,17 @@ async fn serve(config: Config) -> (String, Control) {
     (format!("http://{addr}/mcp"), control)
 }
 
-/// Runs the Python driver; its report.
-async fn python(url: &str, mode: &str) -> Value {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/clients/python_client.py"
-    );
-    let python = std::env::var("STORMGATE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let run = tokio::process::Command::new(&python)
-        .args([script, url, mode])
-        .kill_on_drop(true)
-        .output();
+/// Runs a driver (`what` names it and its installer in failures); the JSON report it prints.
+async fn report(mut command: tokio::process::Command, what: &str) -> Value {
+    let run = command.kill_on_drop(true).output();
     let out = tokio::time::timeout(Duration::from_secs(120), run)
         .await
-        .expect("the Python client finished within 120 s")
-        .unwrap_or_else(|e| panic!("{python}: {e} (.ci/run installs Python and the mcp package)"));
+        .unwrap_or_else(|_| panic!("{what} did not finish within 120 s"))
+        .unwrap_or_else(|e| panic!("{what}: {e} (.ci/run installs it)"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "the Python client failed ({}); is the `mcp` package installed (.ci/run does)?\n{stderr}",
+        "{what} failed ({}; .ci/run installs it):\n{stderr}",
         out.status
     );
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -71,35 +63,35 @@ async fn python(url: &str, mode: &str) -> Value {
     })
 }
 
-/// Runs the TypeScript driver with the SDK and Node installed in `STORMGATE_NODE_DIR`
-/// (default `target/ci-node`, where .ci/run installs them); its report.
-async fn typescript(url: &str, storm_tool: &str) -> Value {
-    let script = include_str!("clients/ts_client.mjs");
-    let dir = common::node_dir();
-    let node = format!("{dir}/node_modules/.bin/node");
-    let run = tokio::process::Command::new(&node)
-        .current_dir(&dir)
-        .args(["--input-type=module", "-e", script, url, storm_tool])
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the TypeScript client finished within 120 s")
-        .unwrap_or_else(|e| {
-            panic!("{node}: {e} (.ci/run installs node@22 and @modelcontextprotocol/sdk there)")
-        });
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "the TypeScript client failed ({}):\n{stderr}",
-        out.status
+/// The Python driver, with the `mcp` package of `STORMGATE_PYTHON` (default `python3`).
+async fn python(url: &str, mode: &str) -> Value {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/python_client.py"
     );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not a report ({e}): {}\n{stderr}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
+    let python = std::env::var("STORMGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut command = tokio::process::Command::new(&python);
+    command.args([script, url, mode]);
+    report(command, &format!("the Python client ({python} with mcp)")).await
+}
+
+/// The TypeScript driver, with Node and the SDK installed in `STORMGATE_NODE_DIR` (default
+/// `target/ci-node`, where .ci/run installs them).
+async fn typescript(url: &str, storm_tool: &str) -> Value {
+    let dir = common::node_dir();
+    let mut command = tokio::process::Command::new(format!("{dir}/node_modules/.bin/node"));
+    command.current_dir(&dir).args([
+        "--input-type=module",
+        "-e",
+        include_str!("clients/ts_client.mjs"),
+        url,
+        storm_tool,
+    ]);
+    report(
+        command,
+        &format!("the TypeScript client (node@22 and the SDK in {dir})"),
+    )
+    .await
 }
 
 /// What every mode and form must give: every tool listed and callable, a refusal whose words

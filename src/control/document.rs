@@ -91,6 +91,13 @@ impl Document {
     }
 }
 
+/// The configuration a replacement document describes, checked against `running`.
+pub(crate) fn replacement(running: &Config, text: &str) -> Result<Config, ControlError> {
+    let document = Document::parse(text)?;
+    document.check(running)?;
+    Ok(document.config)
+}
+
 fn not_a_bool() -> ConfigError {
     ConfigError::new("replace", "must be true or false")
 }

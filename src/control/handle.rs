@@ -7,7 +7,7 @@ use arc_swap::ArcSwap;
 use axum::Router;
 
 use super::config::{Prepared, read};
-use super::document::{Document, merge_patch};
+use super::document::{merge_patch, replacement};
 use super::{Audit, Config, Mode, Policy, Switch};
 use crate::breaker::CircuitBreakers;
 use crate::budget::Budget;
@@ -258,11 +258,7 @@ impl Control {
     /// section); from [`Source::Admin`] it is also refused when it would remove the admin
     /// token.
     pub fn reload_document(&self, text: &str, source: Source) -> Result<(), ControlError> {
-        self.change(source, |running| {
-            let document = Document::parse(text)?;
-            document.check(running)?;
-            Ok(document.config)
-        })
+        self.change(source, |running| replacement(running, text))
     }
 
     /// Merges a partial document (TOML or JSON, RFC 7386 merge patch) into the running
@@ -283,11 +279,7 @@ impl Control {
         path: &std::path::Path,
         source: Source,
     ) -> Result<(), ControlError> {
-        self.change(source, |running| {
-            let document = Document::parse(&read(path)?)?;
-            document.check(running)?;
-            Ok(document.config)
-        })
+        self.change(source, |running| replacement(running, &read(path)?))
     }
 
     /// The one path of every configuration change: under the lock that orders them all, the
