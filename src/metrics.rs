@@ -136,6 +136,9 @@ use crate::rejection::Rejection;
 pub const DEFAULT_LABEL_CAP: usize = 100;
 /// The label value every value past the cap is reported as.
 pub const OTHER: &str = "other";
+/// The longest `tenant` or `tool` label value, bytes; a longer one (a client can name a tool
+/// with a megabyte) is reported as `other` and never stored.
+pub const MAX_LABEL_LEN: usize = 128;
 
 struct Cap {
     max: AtomicUsize,
@@ -151,6 +154,9 @@ impl Cap {
     }
 
     fn label(&self, value: &str) -> String {
+        if value.len() > MAX_LABEL_LEN {
+            return OTHER.to_owned();
+        }
         if self.seen.contains(value) {
             return value.to_owned();
         }
@@ -268,5 +274,16 @@ mod tests {
         assert_eq!(cap.label("b"), "b");
         assert_eq!(cap.label("c"), OTHER);
         assert_eq!(cap.label("a"), "a", "values seen before keep their label");
+    }
+
+    #[test]
+    fn long_values_are_other_and_not_stored() {
+        let cap = Cap::new();
+        let long = "x".repeat(MAX_LABEL_LEN + 1);
+        assert_eq!(cap.label(&long), OTHER);
+        assert_eq!(cap.label(&"y".repeat(1 << 20)), OTHER);
+        assert!(cap.seen.is_empty(), "nothing kept");
+        let fits = "z".repeat(MAX_LABEL_LEN);
+        assert_eq!(cap.label(&fits), fits);
     }
 }
