@@ -4,7 +4,9 @@ use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stormgate::fifo::{AcquireError, OVERFLOW_KEY, ResourceLimiter, ResourceLimits, WindowLimit};
+use stormgate::fifo::{
+    AcquireError, MAX_KEY_LEN, OVERFLOW_KEY, ResourceLimiter, ResourceLimits, WindowLimit,
+};
 use tokio::time::Instant;
 
 const KEY: &str = "db";
@@ -412,6 +414,34 @@ async fn keys_past_the_cap_share_the_overflow_key() {
         assert_eq!(lease.key(), OVERFLOW_KEY);
     }
     assert_eq!(limiter.key_count(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_unconfigured_name_shares_the_overflow_key_and_is_not_stored() {
+    let configured = "c".repeat(MAX_KEY_LEN + 10);
+    let limiter = ResourceLimiter::builder()
+        .key(
+            configured.clone(),
+            ResourceLimits::default().max_concurrent(nz(1)),
+        )
+        .build();
+    for i in 0..100 {
+        // 256 KiB tool names, as a hostile client sends them.
+        let name = format!("{i}{}", "x".repeat(256 * 1024));
+        let lease = limiter.acquire(&name, None).await.unwrap();
+        assert_eq!(lease.key(), OVERFLOW_KEY);
+    }
+    let fits = "y".repeat(MAX_KEY_LEN);
+    assert_eq!(limiter.acquire(&fits, None).await.unwrap().key(), fits);
+    assert_eq!(
+        limiter.acquire(&configured, None).await.unwrap().key(),
+        configured
+    );
+    assert_eq!(
+        limiter.key_count(),
+        3,
+        "overflow, the fitting name, the configured key"
+    );
 }
 
 mod interleavings {

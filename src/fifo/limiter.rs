@@ -21,6 +21,10 @@ use crate::metrics;
 pub const DEFAULT_MAX_KEYS: usize = 10_000;
 /// The key that keys past `max_keys` share, so a flood of new names cannot grow memory.
 pub const OVERFLOW_KEY: &str = "~overflow";
+/// The longest key name tracked on its own, bytes: a longer name not configured (a client can
+/// name a tool with a megabyte) shares [`OVERFLOW_KEY`], so keys hold at most
+/// `max_keys` x this many bytes of names.
+pub const MAX_KEY_LEN: usize = 128;
 /// Cooldown after an upstream 429 that gave no Retry-After (seed 000 section 3).
 pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
 /// The hold time assumed for a key's calls before any was measured.
@@ -155,7 +159,7 @@ impl ResourceLimiter {
             return key.clone();
         }
         let settings = self.inner.settings.load();
-        let name = if self.inner.keys.len() >= settings.max_keys
+        let name = if (self.inner.keys.len() >= settings.max_keys || name.len() > MAX_KEY_LEN)
             && !settings.configured.contains_key(name)
         {
             OVERFLOW_KEY

@@ -50,7 +50,7 @@ pub use config::FifoConfig;
 pub use error::AcquireError;
 pub use layer::FifoLimitLayer;
 pub use limiter::{
-    Acquire, DEFAULT_COOLDOWN, DEFAULT_MAX_KEYS, Lease, OVERFLOW_KEY, ResourceLimiter,
+    Acquire, DEFAULT_COOLDOWN, DEFAULT_MAX_KEYS, Lease, MAX_KEY_LEN, OVERFLOW_KEY, ResourceLimiter,
     ResourceLimiterBuilder,
 };
 pub use limits::{ResourceLimits, WindowLimit};
