@@ -415,7 +415,7 @@ impl Identify for DefaultIdentity {
             .and_then(|h| parts.headers.get(h))
             .and_then(|v| v.to_str().ok())
             .filter(|v| !v.is_empty())
-            .map(Tenant::new)
+            .map(|v| Tenant::new(bounded(v)))
             .unwrap_or_else(Tenant::anonymous)
     }
 
@@ -426,15 +426,31 @@ impl Identify for DefaultIdentity {
             .and_then(|v| v.to_str().ok())
             .filter(|v| !v.is_empty())
         {
-            return SessionId::new(id);
+            return SessionId::new(bounded(id));
         }
         if let Some(id) = self
             .session_meta_key
             .as_deref()
             .and_then(|k| meta.get_str(k))
         {
-            return SessionId::new(id.as_ref());
+            return SessionId::new(bounded(&id));
         }
         SessionId(tenant.0.clone())
     }
+}
+
+/// The longest client-chosen identity (session id, tenant header) kept as it is, bytes.
+pub const MAX_ID_LEN: usize = 128;
+
+/// `id` as stored: as it is up to [`MAX_ID_LEN`] bytes, else `~` and a 64-bit hash of it (so a
+/// megabyte of `Mcp-Session-Id` costs 17 bytes wherever the id is kept or logged, and long
+/// ids stay apart).
+fn bounded(id: &str) -> Arc<str> {
+    if id.len() <= MAX_ID_LEN {
+        return Arc::from(id);
+    }
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut h);
+    Arc::from(format!("~{:016x}", h.finish()))
 }

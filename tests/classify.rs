@@ -303,6 +303,49 @@ async fn session_comes_from_the_header_then_a_meta_key_then_the_tenant() {
 }
 
 #[tokio::test]
+async fn client_chosen_identities_are_bounded_wherever_they_are_kept() {
+    let layer = ClassifyLayer::new()
+        .identity(DefaultIdentity::new().tenant_header(http::HeaderName::from_static("x-tenant")));
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}"#;
+    let session_of = |id: String, tenant: String| {
+        let layer = layer.clone();
+        async move {
+            let req = post()
+                .header("mcp-session-id", id)
+                .header("x-tenant", tenant)
+                .body(Body::from(body))
+                .unwrap();
+            let call = classify(&layer, req)
+                .await
+                .0
+                .calls
+                .unwrap()
+                .single()
+                .unwrap()
+                .clone();
+            (
+                call.session.as_str().to_owned(),
+                call.tenant.as_str().to_owned(),
+            )
+        }
+    };
+    // 64 KiB identities (a header can carry that much): stored as 17 bytes, still apart.
+    let (a, ta) = session_of("a".repeat(64 * 1024), "t".repeat(64 * 1024)).await;
+    let (b, _) = session_of("b".repeat(64 * 1024), "acme".into()).await;
+    assert_eq!(a.len(), 17, "{a}");
+    assert_eq!(ta.len(), 17, "{ta}");
+    assert!(a.starts_with('~'));
+    assert_ne!(a, b, "different long ids stay different sessions");
+    let exact = "s".repeat(stormgate::call::MAX_ID_LEN);
+    let (kept, t) = session_of(exact.clone(), "acme".into()).await;
+    assert_eq!(
+        (kept, t),
+        (exact, "acme".into()),
+        "ids up to the bound are kept as they are"
+    );
+}
+
+#[tokio::test]
 async fn oversized_body_by_content_length_is_refused_before_reading() {
     let rec = Recorder::default();
     let svc = ClassifyLayer::new()
