@@ -3,10 +3,14 @@
 mod common;
 
 use axum::body::Body;
+use std::time::Duration;
+
 use bytes::Bytes;
 use common::{Recorder, ok_json, post, post_body};
+use futures::StreamExt;
 use http::{HeaderName, Request, StatusCode};
 use proptest::prelude::*;
+use serde_json::Value;
 use stormgate::call::{DefaultIdentity, Unclassified};
 use stormgate::classify::ClassifyLayer;
 use stormgate::mcp::ProtocolVersion;
@@ -345,6 +349,86 @@ async fn client_chosen_identities_are_bounded_wherever_they_are_kept() {
     );
 }
 
+/// A request whose body sends `first` bytes, then stalls for ever.
+fn stalled(first: usize, content_length: Option<usize>) -> Request<Body> {
+    let chunk = Bytes::from(vec![b' '; first]);
+    let stream =
+        futures::stream::iter([Ok::<_, std::io::Error>(chunk)]).chain(futures::stream::pending());
+    let mut req = post();
+    if let Some(n) = content_length {
+        req = req.header("content-length", n);
+    }
+    req.body(Body::from_stream(stream)).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_body_is_answered_408_at_exactly_the_body_timeout() {
+    let layer = ClassifyLayer::new();
+    let start = tokio::time::Instant::now();
+    let (status, body) = {
+        let rec = Recorder::default();
+        let res = layer
+            .layer(rec.service(ok_json))
+            .oneshot(stalled(1 << 20, Some(4 << 20)))
+            .await
+            .unwrap();
+        assert!(rec.seen().is_empty(), "nothing reached the inner service");
+        (res.status(), common::body_json(res).await)
+    };
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(10),
+        "the default body_timeout_ms"
+    );
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(body["error"]["code"], -32600);
+    assert_eq!(body["id"], Value::Null);
+    assert_eq!(layer.buffered_bytes(), 0, "its reservation given back");
+}
+
+#[tokio::test(start_paused = true)]
+async fn bodies_being_read_at_once_are_capped_and_the_next_is_answered_503_unread() {
+    let layer = ClassifyLayer::new().settings(stormgate::classify::ClassifyConfig {
+        max_buffered_bytes: 10 << 20,
+        ..Default::default()
+    });
+    let svc = || layer.clone().layer(Recorder::default().service(ok_json));
+    // Two slow clients declaring 4 MiB each: 8 of the 10 MiB.
+    let slow: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(svc().oneshot(stalled(1024, Some(4 << 20)))))
+        .collect();
+    while layer.buffered_bytes() < 8 << 20 {
+        tokio::task::yield_now().await;
+    }
+    // A third would pass the cap: refused at once, before a byte of it is read.
+    let res = svc().oneshot(stalled(0, Some(4 << 20))).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "1");
+    // A small one still fits.
+    let res = svc()
+        .oneshot(post_body(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    for s in slow {
+        assert_eq!(
+            s.await.unwrap().unwrap().status(),
+            StatusCode::REQUEST_TIMEOUT
+        );
+    }
+    assert_eq!(layer.buffered_bytes(), 0);
+    let res = svc().oneshot(stalled(0, Some(4 << 20)));
+    let res = tokio::time::timeout(Duration::from_secs(11), res)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::REQUEST_TIMEOUT,
+        "admitted again once the others left"
+    );
+}
+
 #[tokio::test]
 async fn oversized_body_by_content_length_is_refused_before_reading() {
     let rec = Recorder::default();
@@ -444,7 +528,7 @@ proptest! {
     /// what the client sent.
     #[test]
     fn arbitrary_bodies_reach_the_inner_service_unchanged(body in jsonish()) {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         let (seen, res) = rt.block_on(classify(&ClassifyLayer::new(), post_body(body.clone())));
         prop_assert_eq!(res.status(), StatusCode::OK);
         prop_assert_eq!(&seen.body[..], &body[..]);

@@ -484,7 +484,7 @@ mod batches {
         /// never reach the inner service.
         #[test]
         fn batches_split_and_merge_exactly(elements in proptest::collection::vec(element(), 1..12)) {
-            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
             let stack = Stack::new();
             let body = format!("[{}]", elements.iter().map(Element::json).collect::<Vec<_>>().join(" , "));
             let res = rt.block_on(stack.call(post_body(body.clone()), batch_server));

@@ -13,10 +13,12 @@ use http::request::Parts;
 use http_body_util::combinators::Collect;
 use http_body_util::{LengthLimitError, Limited};
 use pin_project_lite::pin_project;
+use tokio::time::Sleep;
 use tower::{BoxError, Service};
 
+use super::buffering::Reservation;
 use super::layer::Shared;
-use super::service::{classified, too_large, unreadable};
+use super::service::{classified, too_large, too_slow, unreadable};
 use crate::call::Calls;
 use crate::mcp::{ToolListBody, ToolSchemas};
 
@@ -45,9 +47,14 @@ pin_project! {
         Collecting {
             #[pin]
             collect: Collect<Limited<B>>,
+            // The body deadline, from the request head.
+            #[pin]
+            timeout: Sleep,
             parts: Option<Parts>,
             inner: S,
             shared: Arc<Shared>,
+            // This body's share of the buffering cap, given back once it is read.
+            reservation: Option<Reservation>,
         },
         Calling {
             #[pin]
@@ -89,13 +96,16 @@ where
         parts: Parts,
         inner: S,
         shared: Arc<Shared>,
+        reservation: Reservation,
     ) -> Self {
         ResponseFuture {
             state: State::Collecting {
                 collect,
+                timeout: tokio::time::sleep(shared.body_timeout),
                 parts: Some(parts),
                 inner,
                 shared,
+                reservation: Some(reservation),
             },
         }
     }
@@ -117,11 +127,21 @@ where
             match this.state.as_mut().project() {
                 StateProj::Collecting {
                     collect,
+                    timeout,
                     parts,
                     inner,
                     shared,
+                    reservation,
                 } => {
-                    let body = match ready!(collect.poll(cx)) {
+                    let collected = match collect.poll(cx) {
+                        Poll::Ready(collected) => collected,
+                        Poll::Pending => {
+                            ready!(timeout.poll(cx));
+                            return Poll::Ready(Ok(too_slow(shared.body_timeout)));
+                        }
+                    };
+                    reservation.take();
+                    let body = match collected {
                         Ok(collected) => collected.to_bytes(),
                         Err(e) => {
                             let response = if e.downcast_ref::<LengthLimitError>().is_some() {

@@ -2,13 +2,17 @@ use std::fmt;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use tower::Layer;
 
 use super::Classify;
+use super::buffering::Buffering;
 use crate::call::{DefaultIdentity, Identify};
 use crate::cost::Costs;
 use crate::deadline::DeadlineConfig;
+use crate::error::ConfigError;
 use crate::mcp::{ProtocolVersion, ToolSchemas};
 use crate::outcome::Observer;
 use crate::policy::Switch;
@@ -47,12 +51,54 @@ impl Batches {
     }
 }
 
+/// Default time to receive a whole request body, from the request head: 10 s.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default bound on the bytes of all bodies being buffered at once: 64 MiB.
+pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 64 * 1024 * 1024;
+
 /// The classifier's settings in the configuration (`[classify]`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClassifyConfig {
     /// Which batches are classified. Default `auto`.
     pub batches: Batches,
+    /// A body not received whole this long after the request head is answered 408 with a
+    /// JSON-RPC error and dropped (`body_timeout_ms`). Default 10 s.
+    #[serde(rename = "body_timeout_ms", with = "crate::duration_ms")]
+    pub body_timeout: Duration,
+    /// The bytes of all bodies being buffered at once (each counted as its `Content-Length`,
+    /// or `body_limit` when its length is not known in advance); a request that would pass it
+    /// is answered 503 with `Retry-After` before it is read. Default 64 MiB.
+    pub max_buffered_bytes: usize,
+}
+
+impl Default for ClassifyConfig {
+    fn default() -> Self {
+        ClassifyConfig {
+            batches: Batches::default(),
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
+        }
+    }
+}
+
+impl ClassifyConfig {
+    /// Checks every rule; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.body_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "classify.body_timeout_ms",
+                "must be greater than 0",
+            ));
+        }
+        if self.max_buffered_bytes == 0 {
+            return Err(ConfigError::new(
+                "classify.max_buffered_bytes",
+                "must be greater than 0",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Settings shared by every clone of the layer and its services.
@@ -66,11 +112,17 @@ pub(crate) struct Shared {
     pub(crate) deadlines: Arc<DeadlineConfig>,
     pub(crate) switch: Switch,
     pub(crate) batches: Batches,
+    pub(crate) body_timeout: Duration,
+    pub(crate) max_buffered: usize,
+    /// The bytes being buffered now; kept across reloads.
+    pub(crate) buffering: Arc<Buffering>,
     /// Learned from `tools/list` answers; kept across reloads.
     pub(crate) schemas: Arc<ToolSchemas>,
 }
 
-/// Builds [`Classify`] services. See the [module docs](crate::classify).
+/// Builds [`Classify`] services. See the [module docs](crate::classify). Its services time
+/// each body ([`ClassifyConfig::body_timeout`]), so they run on a tokio runtime with its timer
+/// enabled (`enable_time` or `enable_all`, as `#[tokio::main]` does).
 #[derive(Clone)]
 pub struct ClassifyLayer {
     shared: Arc<ArcSwap<Shared>>,
@@ -89,6 +141,9 @@ impl ClassifyLayer {
                 deadlines: Arc::new(DeadlineConfig::default()),
                 switch: Switch::default(),
                 batches: Batches::default(),
+                body_timeout: DEFAULT_BODY_TIMEOUT,
+                max_buffered: DEFAULT_MAX_BUFFERED_BYTES,
+                buffering: Buffering::new(),
                 schemas: Arc::default(),
             })),
         }
@@ -102,17 +157,19 @@ impl ClassifyLayer {
     }
 
     /// Changes the body limit, the rejection format, the identity, the deadlines and the
-    /// batches setting of running services (a reload).
+    /// `[classify]` settings of running services (a reload).
     pub fn reconfigure(
         &self,
         body_limit: usize,
         format: RejectionFormat,
         identity: impl Identify,
         deadlines: DeadlineConfig,
-        batches: Batches,
+        classify: ClassifyConfig,
     ) {
         let mut shared = Shared::clone(&self.shared.load());
-        shared.batches = batches;
+        shared.batches = classify.batches;
+        shared.body_timeout = classify.body_timeout;
+        shared.max_buffered = classify.max_buffered_bytes;
         shared.body_limit = body_limit;
         shared.format = Arc::new(format);
         shared.identity = Arc::new(identity);
@@ -155,9 +212,23 @@ impl ClassifyLayer {
         self.update(|s| s.deadlines = deadlines)
     }
 
+    /// The `[classify]` settings: batches, body timeout, buffering cap.
+    pub fn settings(self, classify: ClassifyConfig) -> Self {
+        self.update(|s| {
+            s.batches = classify.batches;
+            s.body_timeout = classify.body_timeout;
+            s.max_buffered = classify.max_buffered_bytes;
+        })
+    }
+
     /// Which JSON-RPC batches are classified (default [`Batches::Auto`]).
     pub fn batches(self, batches: Batches) -> Self {
         self.update(|s| s.batches = batches)
+    }
+
+    /// Bytes reserved now by the bodies being read (at most `max_buffered_bytes`).
+    pub fn buffered_bytes(&self) -> usize {
+        self.shared.load().buffering.in_use()
     }
 
     /// The tools the `tools/list` answers passing through declared an `outputSchema` for.

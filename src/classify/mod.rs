@@ -28,10 +28,14 @@
 //!     .layer(ClassifyLayer::new().body_limit(1 << 20));
 //! ```
 
+mod buffering;
 mod future;
 mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub use layer::{Batches, ClassifyConfig, ClassifyLayer, DEFAULT_BODY_LIMIT};
+pub use layer::{
+    Batches, ClassifyConfig, ClassifyLayer, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_BUFFERED_BYTES,
+};
 pub use service::Classify;

@@ -71,8 +71,22 @@ where
         if declared.is_some_and(|n| n > limit as u64) {
             return ResponseFuture::done(too_large(limit));
         }
+        // What the body will take: its declared or exact length (within the limit, so it fits
+        // in usize), else the limit.
+        let bytes = declared
+            .or_else(|| http_body::Body::size_hint(req.body()).exact())
+            .map_or(limit, |n| (n as usize).min(limit));
+        let Some(reservation) = shared.buffering.reserve(bytes, shared.max_buffered) else {
+            return ResponseFuture::done(busy());
+        };
         let (parts, body) = req.into_parts();
-        ResponseFuture::collect(Limited::new(body, limit).collect(), parts, inner, shared)
+        ResponseFuture::collect(
+            Limited::new(body, limit).collect(),
+            parts,
+            inner,
+            shared,
+            reservation,
+        )
     }
 }
 
@@ -81,6 +95,32 @@ pub(super) fn too_large(limit: usize) -> Response {
     mcp::reply::invalid_request(
         StatusCode::PAYLOAD_TOO_LARGE,
         &format!("request body larger than {limit} bytes"),
+    )
+}
+
+/// Too many bytes of bodies are being read at once: answered before this one is read.
+fn busy() -> Response {
+    ::metrics::counter!(crate::metrics::BODY_REJECTED, "status" => "503").increment(1);
+    let mut res = mcp::reply::invalid_request(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too many request bodies being read at once: retry after 1 s",
+    );
+    res.headers_mut().insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from_static("1"),
+    );
+    res
+}
+
+/// The body did not arrive whole within the body timeout.
+pub(super) fn too_slow(timeout: std::time::Duration) -> Response {
+    ::metrics::counter!(crate::metrics::BODY_REJECTED, "status" => "408").increment(1);
+    mcp::reply::invalid_request(
+        StatusCode::REQUEST_TIMEOUT,
+        &format!(
+            "request body not received within {} ms",
+            timeout.as_millis()
+        ),
     )
 }
 

@@ -253,6 +253,7 @@ impl Config {
         }
         self.fixed.validate()?;
         self.rejection.validate()?;
+        self.classify.validate()?;
         self.fifo.validate()?;
         self.budget.validate()?;
         self.tenants.validate()?;

@@ -92,7 +92,7 @@ impl Control {
         let classify = ClassifyLayer::new()
             .identity(identity)
             .body_limit(config.body_limit)
-            .batches(config.classify.batches)
+            .settings(config.classify)
             .deadlines(config.deadlines.clone())
             .format(config.rejection.clone())
             .switch(switch.clone())
@@ -338,7 +338,7 @@ impl Control {
             config.rejection.clone(),
             identity,
             config.deadlines.clone(),
-            config.classify.batches,
+            config.classify,
         );
         metrics::set_label_caps(
             config.metrics.max_tenant_labels,
