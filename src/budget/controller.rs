@@ -52,6 +52,11 @@ pub struct BudgetConfig {
     /// Multiple of the healthy p99 baseline that counts as unhealthy when `target_p99` is
     /// absent. Default 2.0 (stormgate's choice).
     pub latency_tolerance: f64,
+    /// Without `target_p99`, a p99 at most this much over the learned baseline is never
+    /// unhealthy, whatever the ratio (`latency_floor_ms`): a millisecond of scheduling noise on
+    /// a 1.5 ms backend is not distress. Default 5 ms.
+    #[serde(rename = "latency_floor_ms", with = "crate::duration_ms")]
+    pub latency_floor: Duration,
     /// Unhealthy when the smoothed error rate exceeds this fraction. Default 0.1 (stormgate's
     /// choice; seed 2.2's storm drops success from 97% to 62%).
     pub max_error_rate: f64,
@@ -74,6 +79,7 @@ impl Default for BudgetConfig {
             alpha: 0.4,
             target_p99: None,
             latency_tolerance: 2.0,
+            latency_floor: Duration::from_millis(5),
             max_error_rate: 0.1,
             decrease_factor: 0.7,
             recover_after: 3,
@@ -259,7 +265,10 @@ impl Controller {
                 .baseline
                 .value()
                 .filter(|_| self.baseline_samples >= BASELINE_WARMUP)
-                .map(|b| b * self.config.latency_tolerance),
+                .map(|b| {
+                    (b * self.config.latency_tolerance)
+                        .max(b + self.config.latency_floor.as_secs_f64())
+                }),
         }
     }
 
@@ -393,5 +402,31 @@ mod tests {
         let h = c.tick(tick(200, 50));
         assert!(!h.healthy);
         assert_eq!(h.healthy_streak, 0);
+    }
+
+    #[test]
+    fn a_millisecond_of_noise_on_a_fast_backend_is_not_unhealthy() {
+        fn ticks(c: &mut Controller, p99_us: u64, n: usize) -> Health {
+            let mut last = None;
+            for _ in 0..n {
+                last = Some(c.tick(TickStats {
+                    p99: Some(Duration::from_micros(p99_us)),
+                    ..tick(0, 0)
+                }));
+            }
+            last.unwrap()
+        }
+        // A 1.5 ms backend learned as the baseline, then one noisy 8 ms tick (its smoothed
+        // p99 4.1 ms: 2.7x the baseline, but 2.6 ms over it, within the 5 ms floor).
+        let mut c = Controller::new(BudgetConfig::default());
+        ticks(&mut c, 1500, 30);
+        let h = ticks(&mut c, 8000, 1);
+        assert!(h.healthy, "{h:?}");
+        assert_eq!(h.budget, 1000.0);
+        ticks(&mut c, 1500, 10);
+        // 20 ms is over both the ratio and the floor: unhealthy.
+        let h = ticks(&mut c, 20_000, 5);
+        assert!(!h.healthy, "{h:?}");
+        assert!(h.budget < 1000.0);
     }
 }
