@@ -3,11 +3,14 @@
 //!
 //! For the tools listed in [`IdempotencyConfig::tools`], a `tools/call` carries a key in
 //! `params._meta` (`meta_key`, default `idempotency_key`) or in the `Idempotency-Key` header,
-//! scoped by tenant and tool:
+//! scoped by tenant, session (`scope = "session"`, the default; `"tenant"` shares keys across a
+//! tenant's sessions) and tool, and bound to the call's arguments:
 //!
 //! * the first call with a key runs; its answer (the JSON-RPC `result` or `error`) is kept for
 //!   `ttl` (bounded by `max_entries`);
 //! * a duplicate that arrives while the first is running waits for it and receives its answer;
+//! * a call that reuses a key with other arguments is answered -32602 "idempotency key reused
+//!   with different arguments" and nothing runs: no call gets another call's answer;
 //! * a duplicate after completion receives the kept answer without running the tool;
 //! * a call stormgate refused never ran, so nothing is kept and its retry runs normally (one of
 //!   the waiting duplicates, if any, runs in its place);
@@ -58,6 +61,18 @@ pub enum Missing {
     Reject,
 }
 
+/// Whose calls share an idempotency key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyScope {
+    /// The calls of one session (default): another client's key, however chosen, never
+    /// reaches this session's answers.
+    #[default]
+    Session,
+    /// Every session of a tenant (for clients that retry on a new session).
+    Tenant,
+}
+
 /// Idempotency settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -70,6 +85,8 @@ pub struct IdempotencyConfig {
     pub header: String,
     /// A listed tool called without a key. Default `allow`.
     pub missing: Missing,
+    /// Whose calls share a key: `session` (default) or `tenant`.
+    pub scope: KeyScope,
     /// How long an answer is kept (`ttl_ms`). Default 10 min.
     #[serde(rename = "ttl_ms", with = "crate::duration_ms")]
     pub ttl: Duration,
@@ -85,6 +102,7 @@ impl Default for IdempotencyConfig {
             meta_key: "idempotency_key".into(),
             header: "idempotency-key".into(),
             missing: Missing::Allow,
+            scope: KeyScope::Session,
             ttl: Duration::from_secs(600),
             max_entries: 10_000,
         }
@@ -139,11 +157,31 @@ enum Settled {
 
 #[derive(Debug)]
 enum Entry {
-    Running(watch::Receiver<Option<Settled>>),
-    Done(Answer, Instant),
+    Running(watch::Receiver<Option<Settled>>, u64),
+    Done(Answer, Instant, u64),
 }
 
-type Key = (Tenant, String, String);
+impl Entry {
+    /// The hash of the arguments of the call that made the entry.
+    fn arguments(&self) -> u64 {
+        match self {
+            Entry::Running(_, a) | Entry::Done(_, _, a) => *a,
+        }
+    }
+}
+
+/// (tenant, session or "" for tenant scope, tool, key); client-chosen parts bounded in length.
+type Key = (Tenant, Arc<str>, String, String);
+
+/// Longest idempotency key kept as it is; a longer one is kept as a hash of it.
+const MAX_KEY_LEN: usize = 128;
+
+fn hash_of(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
 
 struct Shared {
     config: ArcSwap<IdempotencyConfig>,
@@ -282,6 +320,18 @@ fn replay(call: &Call, answer: &Answer) -> Response {
     )
 }
 
+/// The answer to a call that reuses a key with other arguments: -32602, nothing ran, and no
+/// other call's answer is given.
+fn reused_key(call: &Call) -> Response {
+    let id = call.id.as_ref().map_or("null", |i| i.as_json());
+    json_response(
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"idempotency key reused with different arguments"}}}}"#
+        )
+        .into_bytes(),
+    )
+}
+
 fn missing_key(call: &Call, config: &IdempotencyConfig) -> Response {
     let id = call.id.as_ref().map_or("null", |i| i.as_json());
     let message = format!(
@@ -345,15 +395,27 @@ where
             };
         };
         let shared = self.shared.clone();
+        let key = if key.len() > MAX_KEY_LEN {
+            format!("~{:016x}", hash_of(key.as_bytes()))
+        } else {
+            key
+        };
+        let session: Arc<str> = match config.scope {
+            KeyScope::Session => Arc::from(call.session.as_str()),
+            KeyScope::Tenant => Arc::from(""),
+        };
         let key: Key = (
             call.tenant.clone(),
+            session,
             call.tool.clone().unwrap_or_default(),
             key,
         );
+        let arguments = hash_of(call.arguments().unwrap_or("").trim().as_bytes());
         ResponseFuture::limited(Box::pin(async move {
             loop {
-                match lead_or_follow(&shared, &key, &config) {
+                match lead_or_follow(&shared, &key, arguments, &config) {
                     Role::Replay(answer) => return Ok(replay(&call, &answer)),
+                    Role::Mismatch => return Ok(reused_key(&call)),
                     Role::Follow(mut rx) => {
                         // Wait for the first call; a refusal lets one of us run.
                         let settled = loop {
@@ -377,6 +439,7 @@ where
                         let settle = Settle {
                             shared,
                             key,
+                            arguments,
                             tx: Some(tx),
                             ttl: config.ttl,
                         };
@@ -411,33 +474,38 @@ enum Role {
     Lead(watch::Sender<Option<Settled>>),
     Follow(watch::Receiver<Option<Settled>>),
     Replay(Answer),
+    /// The key was used with other arguments: refused, nothing runs.
+    Mismatch,
     Unprotected,
 }
 
-fn lead_or_follow(shared: &Shared, key: &Key, config: &IdempotencyConfig) -> Role {
+fn lead_or_follow(shared: &Shared, key: &Key, arguments: u64, config: &IdempotencyConfig) -> Role {
     let now = Instant::now();
     if shared.entries.len() >= config.max_entries && !shared.entries.contains_key(key) {
         shared
             .entries
-            .retain(|_, e| !matches!(e, Entry::Done(_, until) if *until <= now));
+            .retain(|_, e| !matches!(e, Entry::Done(_, until, _) if *until <= now));
         if shared.entries.len() >= config.max_entries {
             return Role::Unprotected;
         }
     }
     let mut entry = shared.entries.entry(key.clone()).or_insert_with(|| {
         let (_, rx) = watch::channel(None);
-        Entry::Running(rx)
+        Entry::Running(rx, arguments)
     });
+    let live = match &*entry {
+        Entry::Done(_, until, _) => *until > now,
+        Entry::Running(rx, _) => rx.has_changed().is_ok() && rx.borrow().is_none(),
+    };
     match &*entry {
-        Entry::Done(answer, until) if *until > now => Role::Replay(answer.clone()),
+        _ if live && entry.arguments() != arguments => Role::Mismatch,
+        Entry::Done(answer, _, _) if live => Role::Replay(answer.clone()),
         // A first call is running (its sender alive, nothing settled yet): wait for it.
-        Entry::Running(rx) if rx.has_changed().is_ok() && rx.borrow().is_none() => {
-            Role::Follow(rx.clone())
-        }
+        Entry::Running(rx, _) if live => Role::Follow(rx.clone()),
         _ => {
             // Fresh, expired, or left by a first call that will not answer: this call leads.
             let (tx, rx) = watch::channel(None);
-            *entry = Entry::Running(rx);
+            *entry = Entry::Running(rx, arguments);
             Role::Lead(tx)
         }
     }
@@ -448,6 +516,7 @@ fn lead_or_follow(shared: &Shared, key: &Key, config: &IdempotencyConfig) -> Rol
 struct Settle {
     shared: Arc<Shared>,
     key: Key,
+    arguments: u64,
     tx: Option<watch::Sender<Option<Settled>>>,
     ttl: Duration,
 }
@@ -463,7 +532,7 @@ impl Settle {
             Settled::Answered(answer) => {
                 self.shared.entries.insert(
                     self.key.clone(),
-                    Entry::Done(answer.clone(), Instant::now() + self.ttl),
+                    Entry::Done(answer.clone(), Instant::now() + self.ttl, self.arguments),
                 );
             }
             Settled::Retry => {

@@ -155,3 +155,46 @@ async fn tenants_do_not_share_keys_and_missing_keys_follow_the_setting() {
     );
     assert_eq!(backend.orders(), 3);
 }
+
+fn order_of(id: u64, item: &str, key: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+        "name": "create_order", "arguments": {"item": item, "quantity": 7},
+        "_meta": {"idempotency_key": key}}})
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_are_scoped_to_the_session_and_bound_to_the_arguments() {
+    let (router, control, backend) = stack();
+    let a = open(&router, "acme").await;
+    let b = open(&router, "acme").await;
+    let first = send(&router, "acme", &a, order_of(1, "secret-item-of-A", "k1")).await;
+    assert_eq!(text(&first), "order 1: 7 x secret-item-of-A");
+    // Another client of the same tenant, same key, its own order: it runs, and it never sees
+    // A's answer (before: it got "order 1: 7 x secret-item-of-A" and its order never ran).
+    let other = send(&router, "acme", &b, order_of(2, "pen", "k1")).await;
+    assert_eq!(text(&other), "order 2: 7 x pen", "{other}");
+    assert_eq!(backend.orders(), 2);
+    // The same session reusing its key with other arguments: refused, nothing runs.
+    let reused = send(&router, "acme", &a, order_of(3, "pen", "k1")).await;
+    assert_eq!(reused["error"]["code"], -32602, "{reused}");
+    assert_eq!(
+        reused["error"]["message"],
+        "idempotency key reused with different arguments"
+    );
+    assert_eq!(reused["id"], 3);
+    assert_eq!(backend.orders(), 2, "nothing ran");
+    // A true replay still gets its own answer.
+    let replay = send(&router, "acme", &a, order_of(4, "secret-item-of-A", "k1")).await;
+    assert_eq!(text(&replay), "order 1: 7 x secret-item-of-A");
+    assert_eq!(backend.orders(), 2);
+
+    // With scope = "tenant", a retry on a new session replays the tenant's answer.
+    let mut config = Config::clone(&control.config());
+    config.idempotency.scope = stormgate::idempotency::KeyScope::Tenant;
+    control.reload(config).unwrap();
+    let c = open(&router, "acme").await;
+    send(&router, "acme", &a, order_of(5, "ink", "k2")).await;
+    let retried = send(&router, "acme", &c, order_of(6, "ink", "k2")).await;
+    assert_eq!(text(&retried), "order 3: 7 x ink");
+    assert_eq!(backend.orders(), 3);
+}
