@@ -123,6 +123,13 @@ fn assert_common(report: &Value) {
     assert_eq!(report["after_waiting"]["ok"], true, "{report}");
 }
 
+/// A refusal in the tool-result form: `isError`, the sentence as its text, the data in
+/// `structuredContent`.
+fn assert_tool_result(refusal: &Value) {
+    assert_eq!(refusal["is_error"], true, "{refusal}");
+    assert_hint(refusal["text"].as_str().unwrap(), &refusal["structured"]);
+}
+
 fn assert_hint(message: &str, data: &Value) {
     let ms = data["retry_after_ms"].as_u64().unwrap();
     assert!(ms > 0 && ms <= 60_000, "{data}");
@@ -155,9 +162,7 @@ async fn python_sdk_legacy_handshake_reads_the_tool_result_form() {
     let (url, _control) = serve(config(true)).await;
     let report = python(&url, "legacy").await;
     assert_common(&report);
-    let refusal = &report["refusal"];
-    assert_eq!(refusal["is_error"], true, "{refusal}");
-    assert_hint(refusal["text"].as_str().unwrap(), &refusal["structured"]);
+    assert_tool_result(&report["refusal"]);
     assert_eq!(report["other_client"]["ok"], true, "{report}");
 }
 
@@ -214,9 +219,7 @@ async fn typescript_sdk_reads_the_tool_result_form() {
     let (url, _control) = serve(config(true)).await;
     let report = typescript(&url, "cache_get").await;
     assert_common(&report);
-    let refusal = &report["refusal"];
-    assert_eq!(refusal["is_error"], true, "{refusal}");
-    assert_hint(refusal["text"].as_str().unwrap(), &refusal["structured"]);
+    assert_tool_result(&report["refusal"]);
     assert_eq!(report["other_client"]["ok"], true, "{report}");
 }
 

@@ -9,7 +9,7 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use axum::body::Body;
-use common::{message, session, tool_call};
+use common::{message, session, tool_call, until};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -214,17 +214,6 @@ async fn a_watched_file_reloads_and_a_broken_one_is_reported() {
     std::fs::write(&path, "mode = \"adaptive\"\n").unwrap();
     let control = Control::new(Config::load(&path).unwrap()).unwrap();
     let watch = control.watch_file(path.clone()).unwrap();
-
-    // Bounded waits for the OS's file events: each loop gives up after 5 s.
-    async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-        for _ in 0..100 {
-            if cond() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("{what} did not happen within 5 s");
-    }
 
     std::fs::write(
         &path,

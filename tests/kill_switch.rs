@@ -68,6 +68,18 @@ fn config(stage: Stage) -> Config {
     c
 }
 
+/// Tells the breakers of one backend failure of `sql_scan`.
+fn fail_sql_scan(control: &stormgate::control::Control) {
+    let failed = Call::request("tools/call").with_tool("sql_scan");
+    control.breakers().observe(&Observation {
+        call: &failed,
+        outcome: Outcome::Error,
+        service_time: Duration::from_millis(1),
+        response_bytes: 0,
+        queue_wait: Duration::ZERO,
+    });
+}
+
 /// What an answer refused, if anything: the contract's reason, or the idempotency error.
 fn refusal(msg: &Value) -> Option<String> {
     let error = msg.get("error")?;
@@ -101,14 +113,7 @@ async fn refusals(stage: Stage, mode: Mode) -> BTreeSet<String> {
         }
         Stage::Breaker => {
             // One failure opens it (a window of one).
-            let failed = Call::request("tools/call").with_tool("sql_scan");
-            control.breakers().observe(&Observation {
-                call: &failed,
-                outcome: Outcome::Error,
-                service_time: Duration::from_millis(1),
-                response_bytes: 0,
-                queue_wait: Duration::ZERO,
-            });
+            fail_sql_scan(&control);
             vec![call(1, "sql_scan", scan)]
         }
         // Two at once where one may run and none may wait.
@@ -178,14 +183,7 @@ async fn off_still_measures_breakers_open_on_the_outcomes_seen_while_off() {
     let (router, control) = app::protected(app::Backend::new(), config(Stage::Breaker)).unwrap();
     let sid = session(&router).await;
     control.set_mode(Mode::Off);
-    let failed = Call::request("tools/call").with_tool("sql_scan");
-    control.breakers().observe(&Observation {
-        call: &failed,
-        outcome: Outcome::Error,
-        service_time: Duration::from_millis(1),
-        response_bytes: 0,
-        queue_wait: Duration::ZERO,
-    });
+    fail_sql_scan(&control);
     assert!(
         matches!(
             control.breakers().state("sql_scan"),

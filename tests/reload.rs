@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Logs;
+use common::{Logs, until};
 
 use std::num::NonZeroUsize;
 use std::time::Duration;
@@ -289,17 +289,6 @@ async fn a_watched_file_that_is_emptied_or_cut_short_is_refused() {
     let control = Control::new(Config::load(&path).unwrap()).unwrap();
     let running = control.config();
     let watch = control.watch_file(path.clone()).unwrap();
-
-    // Bounded waits for the OS's file events: each gives up after 5 s.
-    async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-        for _ in 0..100 {
-            if cond() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("{what} did not happen within 5 s");
-    }
 
     std::fs::write(&path, "").unwrap();
     until("the refusal of the empty file", || {

@@ -215,14 +215,19 @@ impl Control {
         self.flip(mode, Source::Code);
     }
 
-    /// [`set_mode`](Self::set_mode), logged with its source.
-    pub(crate) fn flip(&self, mode: Mode, source: Source) {
-        let _order = self
+    /// Takes the lock that orders every change, and the configuration running under it.
+    fn ordered(&self) -> (std::sync::MutexGuard<'_, ()>, Arc<Config>) {
+        let order = self
             .inner
             .order
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let running = self.inner.config.load_full();
+        (order, self.inner.config.load_full())
+    }
+
+    /// [`set_mode`](Self::set_mode), logged with its source.
+    pub(crate) fn flip(&self, mode: Mode, source: Source) {
+        let (_order, running) = self.ordered();
         let mut config = Config::clone(&running);
         config.mode = mode;
         self.inner.switch.store(config.policy());
@@ -291,12 +296,7 @@ impl Control {
         source: Source,
         next: impl FnOnce(&Config) -> Result<Config, ControlError>,
     ) -> Result<(), ControlError> {
-        let _order = self
-            .inner
-            .order
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let running = self.inner.config.load_full();
+        let (_order, running) = self.ordered();
         let prepared = next(&running).and_then(|config| prepare(&running, config, &source));
         let result = prepared.map(|prepared| {
             let changed = running.differences(&prepared.config);

@@ -217,3 +217,15 @@ pub fn node_dir() -> String {
     std::env::var("STORMGATE_NODE_DIR")
         .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/ci-node").into())
 }
+
+/// Waits (real time, for the OS's file events or signals) until `cond` holds; gives up after
+/// 5 s with a panic naming `what`.
+pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..100 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{what} did not happen within 5 s");
+}
