@@ -29,6 +29,7 @@ use http::HeaderName;
 use http::request::Parts;
 use serde_json::value::RawValue;
 
+use crate::charges::Charges;
 use crate::mcp::ProtocolVersion;
 use crate::rejection::RejectionFormat;
 
@@ -166,6 +167,8 @@ pub struct Call {
     pub(crate) arguments: Option<Bytes>,
     /// When the call must be answered by (its whole-round deadline), if it has one.
     pub deadline: Option<tokio::time::Instant>,
+    /// What the stages charged it, shared by every copy of it (see [`Charges`]).
+    pub(crate) charges: Charges,
 }
 
 impl CallKind {
@@ -200,6 +203,7 @@ impl Call {
             seq: 0,
             arguments: None,
             deadline: None,
+            charges: Charges::default(),
         }
     }
 
@@ -244,6 +248,14 @@ impl Call {
     /// Whether this message is charged and may be rejected (only requests are).
     pub fn is_chargeable(&self) -> bool {
         self.kind == CallKind::Request
+    }
+
+    /// What the stages that admitted this call charged it. An [`Admission`] of your own
+    /// records its refund here; see [`Charges`].
+    ///
+    /// [`Admission`]: crate::admit::Admission
+    pub fn charges(&self) -> &Charges {
+        &self.charges
     }
 
     /// The name of what the call targets: the tool, resource uri or prompt name.
@@ -445,7 +457,7 @@ pub const MAX_ID_LEN: usize = 128;
 /// `id` as stored: as it is up to [`MAX_ID_LEN`] bytes, else `~` and a 64-bit hash of it (so a
 /// megabyte of `Mcp-Session-Id` costs 17 bytes wherever the id is kept or logged, and long
 /// ids stay apart).
-fn bounded(id: &str) -> Arc<str> {
+pub(crate) fn bounded(id: &str) -> Arc<str> {
     if id.len() <= MAX_ID_LEN {
         return Arc::from(id);
     }

@@ -49,9 +49,11 @@
 //! ```
 
 pub mod admit;
+mod bounded;
 pub mod breaker;
 pub mod budget;
 pub mod call;
+pub mod charges;
 pub mod classify;
 pub mod control;
 pub mod cost;

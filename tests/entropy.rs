@@ -12,10 +12,14 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// A guard whose sessions are judged from their first call: no probation (tests/hostile.rs
+/// covers it), and every session is accepted as the server would on `initialize`.
 fn guard() -> SessionGuard {
     SessionGuard::new(SessionConfig {
         base_budget: 2.0,
         burst: 4.0,
+        probation: 1.0,
+        new_session_burst: 1000.0,
         ..SessionConfig::default()
     })
     .unwrap()
@@ -45,6 +49,7 @@ async fn send(
     start: tokio::time::Instant,
 ) -> Step {
     let at = start.elapsed();
+    g.accept(&c.session, &c.tenant);
     let admitted = g.admit(c).is_ok();
     if admitted {
         g.observe(&Observation {

@@ -30,6 +30,7 @@ async fn a_storm_is_logged_on_entry_and_exit_under_the_sessions_hash() {
     let g = SessionGuard::new(SessionConfig::default()).unwrap();
     let id = "runaway-session-id-chosen-by-the-client";
     let lines = |what: &str| logs.text().lines().filter(|l| l.contains(what)).count();
+    assert!(g.accept(&SessionId::new(id), &stormgate::Tenant::anonymous()));
     // A diverse, failing runaway.
     for i in 0..60 {
         let c = Call::request("tools/call")

@@ -34,9 +34,13 @@ fn a_session_that_leaves_the_top_n_leaves_the_scrape() {
             top_n: 1,
             base_budget: 1000.0,
             burst: 1000.0,
+            probation: 1.0,
             ..SessionConfig::default()
         })
         .unwrap();
+        let accept =
+            |s: &str| assert!(g.accept(&SessionId::new(s), &stormgate::Tenant::anonymous()));
+        accept("busy");
         // Only "busy" so far: it is the top 1.
         for i in 0..5 {
             g.admit(&call("busy", &format!("q{i}"))).unwrap();
@@ -52,6 +56,7 @@ fn a_session_that_leaves_the_top_n_leaves_the_scrape() {
             "only the top N carry session ids"
         );
 
+        accept("calm");
         // Now "calm" starts failing and outscores it: "busy" is no longer updated, and expires.
         for i in 0..20 {
             let c = call("calm", &format!("n{i}"));

@@ -18,7 +18,11 @@ fn bytes_per_tracked_session() {
         .build()
         .unwrap();
     let _enter = rt.enter();
-    let g = SessionGuard::new(SessionConfig::default()).unwrap();
+    let g = SessionGuard::new(SessionConfig {
+        new_session_burst: 1e6,
+        ..SessionConfig::default()
+    })
+    .unwrap();
     let n = 100_000;
     // Session ids and calls are made first, so only the guard's own state is counted.
     let calls: Vec<Call> = (0..n)
@@ -31,6 +35,7 @@ fn bytes_per_tracked_session() {
         .collect();
     let region = Region::new(GLOBAL);
     for c in &calls {
+        assert!(g.accept(&c.session, &c.tenant));
         g.admit(c).unwrap();
     }
     let stats = region.change();

@@ -1,11 +1,17 @@
 //! Bounded session state: a million idle sessions are all swept after the TTL, the cap holds
-//! at insert time, and a busy session survives a flood of random session ids.
+//! at insert time, a busy session survives a flood of accepted sessions, and ids the server
+//! never accepted are not stored at all.
 
 use std::time::Duration;
 
 use stormgate::admit::Admission;
 use stormgate::entropy::{SessionConfig, SessionGuard};
-use stormgate::{Call, SessionId};
+use stormgate::{Call, SessionId, Tenant};
+
+/// Accepts `session` as the server would (it answered a call on it).
+fn accept(g: &SessionGuard, session: &str) -> bool {
+    g.accept(&SessionId::new(session), &Tenant::anonymous())
+}
 
 fn call(session: &str) -> Call {
     Call::request("tools/call")
@@ -18,11 +24,13 @@ fn call(session: &str) -> Call {
 async fn a_million_idle_sessions_are_all_swept_after_the_ttl() {
     let g = SessionGuard::new(SessionConfig {
         max_sessions: 1_000_000,
+        new_session_burst: 2e6,
         idle_ttl: Duration::from_secs(300),
         ..SessionConfig::default()
     })
     .unwrap();
     for i in 0..1_000_000 {
+        assert!(accept(&g, &format!("s{i}")));
         g.admit(&call(&format!("s{i}"))).unwrap();
     }
     assert_eq!(g.len(), 1_000_000);
@@ -40,12 +48,15 @@ async fn the_cap_holds_and_a_busy_session_survives_a_flood() {
         idle_ttl: Duration::from_secs(60),
         base_budget: 1000.0,
         burst: 1000.0,
+        new_session_burst: 1e6,
         ..SessionConfig::default()
     })
     .unwrap();
     let busy = call("busy");
+    assert!(accept(&g, "busy"));
     g.admit(&busy).unwrap();
     for i in 0..100_000 {
+        accept(&g, &format!("random-{i}"));
         let _ = g.admit(&call(&format!("random-{i}")));
         if i % 1000 == 0 {
             tokio::time::advance(Duration::from_millis(500)).await;
@@ -65,5 +76,42 @@ async fn the_cap_holds_and_a_busy_session_survives_a_flood() {
     assert!(
         g.summary(&SessionId::new("random-5")).is_none(),
         "idle flood sessions are gone"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn ids_the_server_never_accepted_are_not_stored() {
+    let g = SessionGuard::new(SessionConfig::default()).unwrap();
+    assert!(accept(&g, "real"));
+    for i in 0..200_000 {
+        let _ = g.admit(&call(&format!("random-{i}")));
+    }
+    assert_eq!(g.len(), 1, "only the accepted session");
+    assert_eq!(g.pools(), 1, "the flood is one pool: its tenant's");
+    assert!(g.summary(&SessionId::new("random-7")).is_none());
+    assert_eq!(
+        g.unverified(&Tenant::anonymous()).unwrap().calls,
+        200_000,
+        "every call of the flood was charged to the pool"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_starts_new_sessions_at_its_newcomer_rate() {
+    let g = SessionGuard::new(SessionConfig {
+        new_session_burst: 10.0,
+        new_session_rate: 0.2,
+        ..SessionConfig::default()
+    })
+    .unwrap();
+    let accepted = (0..100).filter(|i| accept(&g, &format!("n{i}"))).count();
+    assert_eq!(accepted, 10, "the allowance");
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let accepted = (100..200).filter(|i| accept(&g, &format!("n{i}"))).count();
+    assert_eq!(accepted, 1, "one more per 5 s");
+    let other = SessionId::new("elsewhere");
+    assert!(
+        g.accept(&other, &Tenant::new("other-tenant")),
+        "another tenant's allowance is its own"
     );
 }

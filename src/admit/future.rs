@@ -2,7 +2,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use axum::body::Body;
@@ -10,31 +9,27 @@ use axum::response::Response;
 use pin_project_lite::pin_project;
 use tower::BoxError;
 
-use super::Admission;
-use crate::mcp::verdict::{self, Merge, RefusedCalls};
+use crate::mcp::verdict::{self, Merge};
 
 type Merging = Pin<Box<dyn Future<Output = Response> + Send>>;
 
 pin_project! {
     /// Response future of [`Admit`](super::Admit).
-    pub struct ResponseFuture<F, A: Admission> {
+    pub struct ResponseFuture<F> {
         #[pin]
-        state: State<F, A>,
+        state: State<F>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, A: Admission> {
+    enum State<F> {
         Rejected {
             response: Option<Response>,
         },
         Running {
             #[pin]
             future: F,
-            admission: Arc<A>,
-            // Each admitted call's position in the body and its permit.
-            permits: Vec<(u32, A::Permit)>,
             // Answers to refused batch elements, to merge into the inner answer.
             merge: Option<Merge>,
         },
@@ -45,7 +40,7 @@ pin_project! {
     }
 }
 
-impl<F, A: Admission> ResponseFuture<F, A> {
+impl<F> ResponseFuture<F> {
     pub(super) fn rejected(response: Response) -> Self {
         ResponseFuture {
             state: State::Rejected {
@@ -54,26 +49,15 @@ impl<F, A: Admission> ResponseFuture<F, A> {
         }
     }
 
-    pub(super) fn admitted(
-        future: F,
-        admission: Arc<A>,
-        permits: Vec<(u32, A::Permit)>,
-        merge: Option<Merge>,
-    ) -> Self {
+    pub(super) fn admitted(future: F, merge: Option<Merge>) -> Self {
         ResponseFuture {
-            state: State::Running {
-                future,
-                admission,
-                permits,
-                merge,
-            },
+            state: State::Running { future, merge },
         }
     }
 }
 
-impl<F, A, ResBody, E> Future for ResponseFuture<F, A>
+impl<F, ResBody, E> Future for ResponseFuture<F>
 where
-    A: Admission,
     F: Future<Output = Result<http::Response<ResBody>, E>>,
     ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
@@ -87,19 +71,8 @@ where
                 StateProj::Rejected { response } => {
                     return Poll::Ready(Ok(response.take().expect("polled after completion")));
                 }
-                StateProj::Running {
-                    future,
-                    admission,
-                    permits,
-                    merge,
-                } => {
+                StateProj::Running { future, merge } => {
                     let response = ready!(future.poll(cx))?.map(Body::new);
-                    let refused = RefusedCalls::of(&response);
-                    for (seq, permit) in permits.drain(..) {
-                        if refused.contains(&seq) {
-                            admission.refund(permit);
-                        }
-                    }
                     match merge.take() {
                         None => return Poll::Ready(Ok(response)),
                         Some(m) => this.state.set(State::Merging {

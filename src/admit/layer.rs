@@ -9,14 +9,16 @@ use crate::rejection::Rejection;
 
 /// A non-waiting admission decision for one request call.
 pub trait Admission: Send + Sync + 'static {
-    /// Held while the call runs; dropped when the inner service's response head arrives.
+    /// What `admit` took, kept in the call's [`Charges`](crate::charges::Charges) until the
+    /// call is settled: given back through [`refund`](Self::refund) if it never runs.
     type Permit: Send + 'static;
 
     /// Admits `call` or says why not. Must not block.
     fn admit(&self, call: &Call) -> Result<Self::Permit, Rejection>;
 
-    /// A stage after this one refused the admitted call: give back what `admit` charged (a
-    /// refusal is not work). By default the permit is just dropped.
+    /// The admitted call never ran (a stage after this one refused it, or the MCP server
+    /// rejected it unrun): give back what `admit` charged. By default the permit is just
+    /// dropped.
     fn refund(&self, permit: Self::Permit) {
         drop(permit);
     }

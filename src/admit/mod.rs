@@ -1,8 +1,8 @@
 //! The admit layer: a non-waiting admission check per call, with the rejection contract.
 //!
 //! An [`Admission`] decides, for each request [`Call`](crate::Call) of a classified body, to
-//! admit it (returning a permit held until the inner service answers) or to refuse it with a
-//! [`Rejection`](crate::Rejection). [`AdmitLayer`] applies it and owns everything the
+//! admit it (returning a permit, kept in the call's [`Charges`](crate::charges::Charges)) or
+//! to refuse it with a [`Rejection`](crate::Rejection). [`AdmitLayer`] applies it and owns everything the
 //! rejection contract requires, so every non-waiting stage of stormgate (and yours) is just an
 //! `Admission`:
 //!
@@ -15,8 +15,9 @@
 //! * notifications and client responses are never checked, charged or answered with an error;
 //! * requests that were not classified (non-MCP routes, GET, DELETE) pass unchecked.
 //!
-//! Permits are dropped when the inner service's response *head* arrives, not when a streamed
-//! body ends: admission stages charge budgets, they do not hold capacity.
+//! Admission stages charge budgets, they do not hold capacity. What a call was charged is given
+//! back when a later stage refuses it or the MCP server rejects it without running it (see
+//! [`charges`](crate::charges)); otherwise it is kept.
 //!
 //! ```
 //! use std::time::Duration;

@@ -51,7 +51,7 @@ where
 {
     type Response = axum::response::Response;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, A>;
+    type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -61,32 +61,27 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let Some(calls) = req.extensions().get::<Calls>() else {
-            return ResponseFuture::admitted(
-                inner.call(req),
-                self.admission.clone(),
-                Vec::new(),
-                None,
-            );
+            return ResponseFuture::admitted(inner.call(req), None);
         };
-        let mut permits = Vec::new();
         let mut rejected: Vec<(usize, Rejection)> = Vec::new();
         for (i, call) in calls.iter().enumerate() {
             if !call.is_chargeable() {
                 continue;
             }
             match self.admission.admit(call) {
-                Ok(permit) => permits.push((call.seq, permit)),
+                Ok(permit) => {
+                    // Given back if a later stage refuses the call or it never runs.
+                    let admission = self.admission.clone();
+                    call.charges().push(move || admission.refund(permit));
+                }
                 Err(rejection) => rejected.push((i, rejection)),
             }
         }
         match verdict::apply(req, &rejected) {
             Verdict::Answer(response) => ResponseFuture::rejected(response),
-            Verdict::Forward { request, merge } => ResponseFuture::admitted(
-                inner.call(request),
-                self.admission.clone(),
-                permits,
-                merge,
-            ),
+            Verdict::Forward { request, merge } => {
+                ResponseFuture::admitted(inner.call(request), merge)
+            }
         }
     }
 }

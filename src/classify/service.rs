@@ -220,6 +220,7 @@ pub(crate) fn classify(
                     let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
                     body.slice(start..start + raw.get().len())
                 }),
+                charges: Default::default(),
             }
         })
         .collect();

@@ -2,13 +2,15 @@
 //! their queue wait).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use dashmap::DashMap;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::call::{Call, SessionId};
+use crate::call::{Call, SessionId, bounded};
+use crate::entropy::SessionGuard;
 use crate::outcome::{Observation, Observer};
 use crate::rejection::Rejection;
 
@@ -38,17 +40,28 @@ pub struct Invocation {
 
 /// The bounded audit: the last [`AUDIT_PER_SESSION`] calls of up to [`AUDIT_MAX_SESSIONS`]
 /// sessions. An [`Observer`] of outcomes and refusals.
+///
+/// Following a [`SessionGuard`] (as [`Control`](super::Control) builds it), it records only
+/// sessions the guard tracks, the ones the MCP server accepted, so ids a client makes up
+/// never take its places, and it forgets a session when the guard does. Names are kept as
+/// the session ids are: up to 128 bytes, longer ones as a 17-byte hash.
 #[derive(Debug)]
 pub struct Audit {
     epoch: Instant,
     sessions: DashMap<SessionId, Mutex<VecDeque<Invocation>>>,
+    guard: Option<SessionGuard>,
+    /// When the audit last forgot the sessions the guard no longer tracks (ms since epoch).
+    swept_ms: AtomicU64,
 }
 
 impl Default for Audit {
+    /// An audit of every session, up to the cap.
     fn default() -> Self {
         Audit {
             epoch: Instant::now(),
             sessions: DashMap::new(),
+            guard: None,
+            swept_ms: AtomicU64::new(0),
         }
     }
 }
@@ -58,9 +71,25 @@ fn ms(d: std::time::Duration) -> u64 {
 }
 
 impl Audit {
+    /// An audit of the sessions `guard` tracks.
+    pub fn following(guard: SessionGuard) -> Self {
+        Audit {
+            guard: Some(guard),
+            ..Audit::default()
+        }
+    }
+
     fn record(&self, call: &Call, entry: Invocation) {
-        if !self.sessions.contains_key(&call.session) && self.sessions.len() >= AUDIT_MAX_SESSIONS {
+        if let Some(guard) = &self.guard
+            && !guard.is_tracked(&call.session)
+        {
             return;
+        }
+        if !self.sessions.contains_key(&call.session) && self.sessions.len() >= AUDIT_MAX_SESSIONS {
+            self.sweep();
+            if self.sessions.len() >= AUDIT_MAX_SESSIONS {
+                return;
+            }
         }
         let log = self.sessions.entry(call.session.clone()).or_default();
         let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
@@ -70,11 +99,39 @@ impl Audit {
         log.push_back(entry);
     }
 
+    /// Forgets the sessions the guard no longer tracks, at most once a second.
+    fn sweep(&self) {
+        let Some(guard) = &self.guard else {
+            return;
+        };
+        let now = ms(self.epoch.elapsed());
+        let last = self.swept_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < 1000
+            || self
+                .swept_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        self.sessions.retain(|id, _| guard.is_tracked(id));
+    }
+
+    /// Sessions audited now.
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Whether no session is audited.
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+
     fn entry(&self, call: &Call) -> Invocation {
         Invocation {
             at_ms: ms(self.epoch.elapsed()),
-            method: call.method.clone(),
-            target: call.target().map(str::to_owned),
+            method: call.method.as_deref().map(|m| bounded(m).to_string()),
+            target: call.target().map(|t| bounded(t).to_string()),
             outcome: None,
             rejection: None,
             queue_wait_ms: 0,

@@ -84,7 +84,7 @@ impl Control {
         let idempotency =
             IdempotencyLayer::with_switch(config.idempotency.clone(), switch.clone())?;
         let fifo = config.fifo.layer();
-        let audit = Arc::new(Audit::default());
+        let audit = Arc::new(Audit::following(sessions.clone()));
         metrics::set_label_caps(
             config.metrics.max_tenant_labels,
             config.metrics.max_tool_labels,

@@ -2,28 +2,33 @@
 
 use crate::error::ConfigError;
 use std::collections::BTreeMap;
-use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tokio::time::Instant;
 
+use super::key::hash_arguments;
 use super::score::{Signals, Tolerances, budget_factor, distress, storm_score};
 use super::window::SessionWindow;
 use crate::admit::{Admission, AdmitLayer};
+use crate::bounded::Bounded;
 use crate::budget::Ewma;
-use crate::call::{Call, SessionId};
+use crate::call::{Call, SessionId, Tenant};
 use crate::metrics;
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
 
-/// The session calls past `max_sessions` share.
+/// The pool of the tenants past `max_tenants`.
 pub const OVERFLOW_SESSION: &str = "~overflow";
+/// How a tenant's unverified pool is named in the top-N view: this, then the tenant.
+pub const UNVERIFIED_PREFIX: &str = "~unverified:";
+/// Tools whose healthy service time is learned at most (names are the client's choice; an
+/// unknown tool is a client error and never learned, but a server's tool set may be dynamic).
+pub const MAX_TOOLS: usize = 4096;
 /// Smoothing of a session's error rate and latency ratio, per finished call.
 const HEALTH_ALPHA: f64 = 0.2;
 /// Smoothing of a session's healthy entropy baseline and of each tool's healthy latency.
@@ -74,9 +79,23 @@ pub struct SessionConfig {
     /// Finished calls a session needs before its health or storm score may cut its budget
     /// (evidence before penalty). Default 5.
     pub min_calls: u32,
-    /// Sessions tracked at most; past it, new sessions share one overflow session, and no
-    /// tracked session is evicted for them. Default 100 000.
+    /// Sessions tracked at most; past it, new sessions stay in their tenant's unverified pool,
+    /// and no tracked session is evicted for them. Default 100 000.
     pub max_sessions: usize,
+    /// Tenants with an unverified pool at most; past it, the others share one. Default 10 000.
+    pub max_tenants: usize,
+    /// A new session starts on probation: a full bucket, refilled at this share of its
+    /// budget; the share doubles with each healthy call it finishes (slow start) up to 1, so a
+    /// healthy client's first burst is served and a fresh identity buys one bucket, not a
+    /// budget. Default 0.2.
+    pub probation: f64,
+    /// New sessions each tenant may start per second (refilling its newcomer allowance);
+    /// a session that finishes probation healthy gives its place back. Default 0.1.
+    pub new_session_rate: f64,
+    /// The newcomer allowance: sessions of one tenant that may be on probation at once before
+    /// `new_session_rate` applies; further new sessions stay in the tenant's unverified pool
+    /// until a place is free. Default 3.
+    pub new_session_burst: f64,
     /// A session unseen this long is forgotten (`idle_ttl_ms`). Default 5 min.
     #[serde(rename = "idle_ttl_ms", with = "crate::duration_ms")]
     pub idle_ttl: Duration,
@@ -103,6 +122,10 @@ impl Default for SessionConfig {
             latency_floor: Duration::from_millis(5),
             min_calls: 5,
             max_sessions: 100_000,
+            max_tenants: 10_000,
+            probation: 0.2,
+            new_session_rate: 0.1,
+            new_session_burst: 3.0,
             idle_ttl: Duration::from_secs(300),
             top_n: 10,
         }
@@ -159,6 +182,22 @@ impl SessionConfig {
                 "must be at least 1",
             ));
         }
+        if self.max_tenants == 0 {
+            return Err(ConfigError::new(
+                "sessions.max_tenants",
+                "must be at least 1",
+            ));
+        }
+        if !(self.probation > 0.0 && self.probation <= 1.0) {
+            return Err(ConfigError::new("sessions.probation", "must be in (0, 1]"));
+        }
+        positive("new_session_rate", self.new_session_rate)?;
+        if !(self.new_session_burst.is_finite() && self.new_session_burst >= 1.0) {
+            return Err(ConfigError::new(
+                "sessions.new_session_burst",
+                "must be at least 1",
+            ));
+        }
         if self.idle_ttl.is_zero() {
             return Err(ConfigError::new(
                 "sessions.idle_ttl_ms",
@@ -180,7 +219,8 @@ impl SessionConfig {
     }
 }
 
-/// One session's state; its own mutex, touched only by its own calls.
+/// One session's state (or a tenant's unverified pool); its own mutex, touched only by its
+/// own calls.
 #[derive(Debug)]
 struct Session {
     id: SessionId,
@@ -200,6 +240,62 @@ struct Session {
     /// In the storm state (logged on entry and exit): entered when the factor falls below
     /// [`STORM_ENTER`], left when it is back at [`STORM_LEAVE`] or above.
     storm: bool,
+    /// The share of its budget's rate that refills its bucket: below 1 on probation, doubled
+    /// by each healthy finished call.
+    trust: f64,
+    /// On probation: the pool whose newcomer place it holds, given back when it graduates.
+    probation: Option<Arc<Pool>>,
+    /// A tenant's unverified pool: on probation for good.
+    pool: bool,
+}
+
+/// A tenant's unverified pool: the one session state charged for every call of the tenant on
+/// an id the MCP server has not accepted (so ids made up per call are one session here), and
+/// the tenant's newcomer allowance.
+#[derive(Debug)]
+struct Pool {
+    state: Arc<Mutex<Session>>,
+    /// New sessions the tenant may start now, and when it was last refilled.
+    newcomers: Mutex<(f64, u64)>,
+}
+
+impl Pool {
+    fn new(tenant: &Tenant, config: &SessionConfig, now: u64) -> Self {
+        let id = SessionId::new(format!("{UNVERIFIED_PREFIX}{tenant}"));
+        let mut state = SessionGuard::session(id, config, now);
+        state.pool = true;
+        state.trust = config.probation;
+        Pool {
+            state: Arc::new(Mutex::new(state)),
+            newcomers: Mutex::new((config.new_session_burst, now)),
+        }
+    }
+
+    /// Takes a newcomer place, if the tenant has one.
+    fn admit_newcomer(&self, now: u64, config: &SessionConfig) -> bool {
+        let mut a = self
+            .newcomers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let dt = Duration::from_nanos(now.saturating_sub(a.1)).as_secs_f64();
+        a.1 = now;
+        a.0 = (a.0 + config.new_session_rate * dt).min(config.new_session_burst);
+        if a.0 >= 1.0 {
+            a.0 -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Gives a newcomer place back.
+    fn release_newcomer(&self, config: &SessionConfig) {
+        let mut a = self
+            .newcomers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        a.0 = (a.0 + 1.0).min(config.new_session_burst);
+    }
 }
 
 /// A session whose budget factor falls below this is logged as entering a storm.
@@ -272,12 +368,16 @@ struct Inner {
     /// The settings, swapped whole by a reload.
     config: ArcSwap<SessionConfig>,
     epoch: Instant,
-    /// Keyed by a 64-bit hash of the session id: no string is hashed twice or compared on
-    /// the hot path (two ids colliding share a state; at a million sessions the odds are about
-    /// 3 in 100 million).
-    sessions: DashMap<u64, Arc<Mutex<Session>>, BuildHasherDefault<PassThrough>>,
-    overflow: Arc<Mutex<Session>>,
-    tool_latency: DashMap<String, Mutex<Ewma>>,
+    /// The sessions the MCP server accepted, by a keyed hash of their id (two ids colliding
+    /// would share a state; at a million sessions the odds are about 3 in 100 million, and the
+    /// key is random, so ids cannot be chosen to collide).
+    sessions: Bounded<Arc<Mutex<Session>>>,
+    /// Each tenant's unverified pool, by a keyed hash of the tenant.
+    pools: Bounded<Arc<Pool>>,
+    /// The pool of tenants past `max_tenants`.
+    overflow: Arc<Pool>,
+    /// Each tool's healthy service time, by a keyed hash of its name.
+    tool_latency: Bounded<Arc<Mutex<Ewma>>>,
     top: Mutex<Vec<SessionSummary>>,
 }
 
@@ -285,6 +385,7 @@ impl std::fmt::Debug for SessionGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionGuard")
             .field("sessions", &self.inner.sessions.len())
+            .field("pools", &self.inner.pools.len())
             .field("config", &self.inner.config.load())
             .finish()
     }
@@ -294,53 +395,8 @@ impl std::fmt::Debug for SessionGuard {
 #[derive(Debug)]
 pub struct SessionPermit(Option<(Arc<Mutex<Session>>, f64)>);
 
-/// The map's hasher: its keys are already uniform 64-bit hashes.
-#[derive(Debug, Default, Clone, Copy)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-fn session_key(id: &SessionId) -> u64 {
-    let mut h = DefaultHasher::new();
-    id.as_str().hash(&mut h);
-    h.finish()
-}
-
 fn lock(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
     s.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn hash_value(v: &Value, h: &mut DefaultHasher) {
-    match v {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            h.write_u8(b'{');
-            for k in keys {
-                k.hash(h);
-                hash_value(&map[k], h);
-            }
-        }
-        Value::Array(items) => {
-            h.write_u8(b'[');
-            for i in items {
-                hash_value(i, h);
-            }
-        }
-        other => other.to_string().hash(h),
-    }
 }
 
 impl SessionGuard {
@@ -354,14 +410,12 @@ impl SessionGuard {
         config.validate()?;
         let guard = SessionGuard {
             inner: Arc::new(Inner {
-                overflow: Arc::new(Mutex::new(Self::session(
-                    SessionId::new(OVERFLOW_SESSION),
-                    &config,
-                ))),
+                overflow: Arc::new(Pool::new(&Tenant::new(OVERFLOW_SESSION), &config, 0)),
                 switch,
                 epoch: Instant::now(),
-                sessions: DashMap::default(),
-                tool_latency: DashMap::new(),
+                sessions: Bounded::new(),
+                pools: Bounded::new(),
+                tool_latency: Bounded::new(),
                 top: Mutex::new(Vec::new()),
                 config: ArcSwap::from_pointee(config),
             }),
@@ -382,7 +436,7 @@ impl SessionGuard {
         self.inner.config.store(Arc::new(config));
     }
 
-    fn session(id: SessionId, config: &SessionConfig) -> Session {
+    fn session(id: SessionId, config: &SessionConfig, now: u64) -> Session {
         Session {
             id,
             window: SessionWindow::new(config.window_size, config.buckets, config.max_keys),
@@ -393,12 +447,15 @@ impl SessionGuard {
             tokens: config.burst,
             factor: 1.0,
             score: 0.0,
-            last: 0,
+            last: now,
             consumed: 0.0,
             calls: 0,
             finished: 0,
             rejected: 0,
             storm: false,
+            trust: 1.0,
+            probation: None,
+            pool: false,
         }
     }
 
@@ -432,53 +489,102 @@ impl SessionGuard {
     }
 
     /// The resource key of a call: its tool and, per config, the values at its JSON pointers
-    /// or a short hash of its canonical arguments; the uri of a `resources/read`; the name of a
-    /// `prompts/get`.
+    /// or a hash of its canonical arguments (bounded: see [`MAX_HASHED_ARGS`]); the uri of a
+    /// `resources/read`; the name of a `prompts/get`. With the kill switch off, the target
+    /// alone: nothing of the arguments is read.
+    ///
+    /// [`MAX_HASHED_ARGS`]: super::MAX_HASHED_ARGS
     pub fn resource_key(&self, call: &Call) -> u64 {
         let mut h = DefaultHasher::new();
         call.method.hash(&mut h);
         call.target().hash(&mut h);
-        if let (Some(tool), Some(args)) = (call.tool.as_deref(), call.arguments()) {
+        if let (Some(tool), Some(args)) = (call.tool.as_deref(), call.arguments())
+            && self.inner.switch.mode() != Mode::Off
+        {
             let config = self.inner.config.load();
-            let pointers = config.resource_keys.get(tool);
-            if let Ok(value) = serde_json::from_str::<Value>(args) {
-                match pointers {
-                    Some(ps) => {
-                        for p in ps {
-                            match value.pointer(p) {
-                                Some(v) => hash_value(v, &mut h),
-                                None => h.write_u8(0),
-                            }
-                        }
-                    }
-                    None => hash_value(&value, &mut h),
-                }
-            }
+            let pointers = config.resource_keys.get(tool).map(Vec::as_slice);
+            hash_arguments(args, pointers, &mut h);
         }
         h.finish()
     }
 
-    fn entry(&self, id: &SessionId) -> Arc<Mutex<Session>> {
-        let key = session_key(id);
-        if let Some(s) = self.inner.sessions.get(&key) {
-            return s.clone();
+    /// The tenant's unverified pool (made on first use; the shared one past `max_tenants`).
+    fn pool(&self, tenant: &Tenant) -> Arc<Pool> {
+        let config = self.inner.config.load();
+        let now = self.now();
+        let pools = &self.inner.pools;
+        pools
+            .get_or_insert(pools.key(tenant.as_str()), config.max_tenants, || {
+                Arc::new(Pool::new(tenant, &config, now))
+            })
+            .unwrap_or_else(|| self.inner.overflow.clone())
+    }
+
+    /// The state a call is charged to and judged by: its session's, once the MCP server has
+    /// accepted the session, else its tenant's unverified pool.
+    fn state(&self, call: &Call) -> Arc<Mutex<Session>> {
+        let sessions = &self.inner.sessions;
+        match sessions.get(sessions.key(call.session.as_str())) {
+            Some(s) => s,
+            None => self.pool(&call.tenant).state.clone(),
+        }
+    }
+
+    /// Tells the guard that the MCP server accepted `session` of `tenant` (it minted the id on
+    /// `initialize`, or answered a call on it with success); the guard's observer calls it.
+    /// The session gets its own state, on probation, if its tenant has a newcomer place and
+    /// fewer than `max_sessions` are tracked; otherwise its calls stay in the tenant's
+    /// unverified pool (and it may be accepted on a later success). Returns whether it is
+    /// tracked now.
+    pub fn accept(&self, session: &SessionId, tenant: &Tenant) -> bool {
+        let sessions = &self.inner.sessions;
+        let key = sessions.key(session.as_str());
+        if sessions.get(key).is_some() {
+            return true;
         }
         let config = self.inner.config.load();
-        if self.inner.sessions.len() >= config.max_sessions {
-            return self.inner.overflow.clone();
+        let now = self.now();
+        let pool = self.pool(tenant);
+        if !pool.admit_newcomer(now, &config) {
+            return false;
         }
-        self.inner
-            .sessions
-            .entry(key)
-            .or_insert_with(|| Arc::new(Mutex::new(Self::session(id.clone(), &config))))
-            .clone()
+        let made = sessions.get_or_insert(key, config.max_sessions, || {
+            let mut s = Self::session(session.clone(), &config, now);
+            s.trust = config.probation;
+            s.probation = Some(pool.clone());
+            Arc::new(Mutex::new(s))
+        });
+        if made.is_none() {
+            pool.release_newcomer(&config);
+        }
+        made.is_some()
+    }
+
+    /// Whether `session` has its own state (the MCP server accepted it).
+    pub fn is_tracked(&self, session: &SessionId) -> bool {
+        let sessions = &self.inner.sessions;
+        sessions.get(sessions.key(session.as_str())).is_some()
     }
 
     /// The current storm score, entropy and budget factor of a session.
     pub fn summary(&self, id: &SessionId) -> Option<SessionSummary> {
-        let s = self.inner.sessions.get(&session_key(id))?;
+        let sessions = &self.inner.sessions;
+        let s = sessions.get(sessions.key(id.as_str()))?;
         let s = lock(&s);
         Some(self.summarize(&s))
+    }
+
+    /// The same for a tenant's unverified pool, if it has one.
+    pub fn unverified(&self, tenant: &Tenant) -> Option<SessionSummary> {
+        let pools = &self.inner.pools;
+        let p = pools.get(pools.key(tenant.as_str()))?;
+        let s = lock(&p.state);
+        Some(self.summarize(&s))
+    }
+
+    /// Tenants with an unverified pool now.
+    pub fn pools(&self) -> usize {
+        self.inner.pools.len()
     }
 
     fn summarize(&self, s: &Session) -> SessionSummary {
@@ -503,7 +609,7 @@ impl SessionGuard {
         let before = self.inner.sessions.len();
         let n = config.top_n;
         let mut top: Vec<SessionSummary> = Vec::with_capacity(n + 1);
-        self.inner.sessions.retain(|_, s| {
+        let mut keep = |s: &Mutex<Session>| {
             let s = lock(s);
             if now.saturating_sub(s.last) >= ttl {
                 return false;
@@ -514,7 +620,14 @@ impl SessionGuard {
                 top.truncate(n);
             }
             true
-        });
+        };
+        self.inner.sessions.retain(|s| keep(s));
+        self.inner.pools.retain(|p| keep(&p.state));
+        let tools = &self.inner.tool_latency;
+        if tools.len() >= MAX_TOOLS {
+            // Dynamic tool sets: start learning afresh rather than stop learning.
+            tools.retain(|_| false);
+        }
         if let Some(first) = top.first() {
             ::metrics::gauge!(metrics::SESSION_TOP_SCORE).set(first.score);
         }
@@ -563,9 +676,9 @@ impl SessionGuard {
     }
 
     fn tool_baseline(&self, tool: &str) -> Option<f64> {
-        self.inner
-            .tool_latency
-            .get(tool)
+        let tools = &self.inner.tool_latency;
+        tools
+            .get(tools.key(tool))
             .and_then(|e| e.lock().unwrap_or_else(PoisonError::into_inner).value())
     }
 }
@@ -582,7 +695,7 @@ impl Admission for SessionGuard {
         let now = self.now();
         let key = self.resource_key(call);
         let cost = f64::from(call.cost.max(1));
-        let entry = self.entry(&call.session);
+        let entry = self.state(call);
         let mut s = lock(&entry);
         let dt = Duration::from_nanos(now.saturating_sub(s.last)).as_secs_f64();
         let first = s.calls == 0;
@@ -632,7 +745,14 @@ impl Admission for SessionGuard {
             Mode::Adaptive => (config.base_budget * s.factor, Reason::SessionBudgetExceeded),
         };
         let cap = (config.burst * rate / config.base_budget).max(cost);
-        s.tokens = (s.tokens + rate * dt).min(cap);
+        // On probation (slow start): a full bucket, refilled at `trust` of the rate. A fixed
+        // limit is the same for everyone.
+        let trust = if policy.mode == Mode::Adaptive {
+            s.trust
+        } else {
+            1.0
+        };
+        s.tokens = (s.tokens + rate * trust * dt).min(cap);
         // Consumption: admitted cost per second, decaying over one window.
         let tau = config.window_size.as_secs_f64();
         s.consumed *= (-dt / tau).exp();
@@ -662,15 +782,11 @@ impl Admission for SessionGuard {
     }
 }
 
-impl Observer for SessionGuard {
-    fn observe(&self, o: &Observation<'_>) {
+impl SessionGuard {
+    /// Learns from a finished call of `tool`: its tool's healthy latency, and the health of
+    /// the state it was charged to (`tracked`, else its tenant's pool).
+    fn learn(&self, tool: &str, o: &Observation<'_>, tracked: Option<Arc<Mutex<Session>>>) {
         let config = self.inner.config.load();
-        if !config.enabled || o.outcome == Outcome::ClientError {
-            return;
-        }
-        let Some(tool) = o.call.target() else {
-            return;
-        };
         let secs = o.service_time.as_secs_f64().max(1e-6);
         let floor = config.latency_floor.as_secs_f64();
         let ratio = self.tool_baseline(tool).map_or(1.0, |b| {
@@ -688,23 +804,70 @@ impl Observer for SessionGuard {
             // that is already too slow, of nothing otherwise.
             return;
         }
-        if !cancelled && !o.outcome.is_failure() && ratio <= config.latency_tolerance {
-            self.inner
-                .tool_latency
-                .entry(tool.to_owned())
-                .or_insert_with(|| Mutex::new(Ewma::new(BASELINE_ALPHA)))
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .update(secs);
+        let healthy = !cancelled && !o.outcome.is_failure() && ratio <= config.latency_tolerance;
+        if healthy {
+            let tools = &self.inner.tool_latency;
+            if let Some(e) = tools.get_or_insert(tools.key(tool), MAX_TOOLS, || {
+                Arc::new(Mutex::new(Ewma::new(BASELINE_ALPHA)))
+            }) {
+                e.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .update(secs);
+            }
         }
-        let key = session_key(&o.call.session);
-        let Some(entry) = self.inner.sessions.get(&key).map(|e| e.clone()) else {
-            return;
+        let entry = match tracked {
+            Some(s) => s,
+            None => {
+                let pools = &self.inner.pools;
+                match pools.get(pools.key(o.call.tenant.as_str())) {
+                    Some(p) => p.state.clone(),
+                    None => self.inner.overflow.state.clone(),
+                }
+            }
         };
         let mut s = lock(&entry);
         s.finished += 1;
         s.errors
             .update(if o.outcome.is_failure() { 1.0 } else { 0.0 });
         s.latency.update(ratio);
+        if s.pool || s.probation.is_some() {
+            // Slow start: a healthy call doubles the share of the rate, an unhealthy one
+            // halves it (down to where probation starts).
+            s.trust = if healthy {
+                (s.trust * 2.0).min(1.0)
+            } else {
+                (s.trust / 2.0).max(config.probation)
+            };
+        }
+        // Probation ends after `min_calls` finished calls, healthy: the full rate, and the
+        // newcomer place goes back to the tenant. A session not healthy by then keeps the
+        // place until it is swept.
+        let well = s.errors.value().unwrap_or(0.0) <= config.error_tolerance
+            && s.latency.value().unwrap_or(1.0) <= config.latency_tolerance;
+        if s.finished >= u64::from(config.min_calls)
+            && well
+            && let Some(pool) = s.probation.take()
+        {
+            s.trust = 1.0;
+            pool.release_newcomer(&config);
+        }
+    }
+}
+
+impl Observer for SessionGuard {
+    fn observe(&self, o: &Observation<'_>) {
+        let sessions = &self.inner.sessions;
+        let tracked = sessions.get(sessions.key(o.call.session.as_str()));
+        let accepted = tracked.is_some();
+        if o.outcome != Outcome::ClientError
+            && self.inner.config.load().enabled
+            && let Some(tool) = o.call.target()
+        {
+            self.learn(tool, o, tracked);
+        }
+        if !accepted && o.outcome == Outcome::Ok {
+            // The server answered a call on this id: it is a real session.
+            self.accept(&o.call.session, &o.call.tenant);
+        }
     }
 }

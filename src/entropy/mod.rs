@@ -28,11 +28,16 @@
 //! are swept, and each window stores at most `max_keys` keys.
 
 mod guard;
+mod key;
 mod score;
 mod shannon;
 mod window;
 
-pub use guard::{OVERFLOW_SESSION, SessionConfig, SessionGuard, SessionPermit, SessionSummary};
+pub use guard::{
+    MAX_TOOLS, OVERFLOW_SESSION, SessionConfig, SessionGuard, SessionPermit, SessionSummary,
+    UNVERIFIED_PREFIX,
+};
+pub use key::MAX_HASHED_ARGS;
 pub use score::{Signals, Tolerances, budget_factor, distress, diversity, storm_score};
 pub use shannon::Shannon;
 pub use window::SessionWindow;

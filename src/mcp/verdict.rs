@@ -10,8 +10,8 @@ use super::reply;
 use crate::call::{Call, Calls};
 use crate::rejection::Rejection;
 
-/// Response extension: the calls (by position in the client's body) that a stage refused, so
-/// the stages before it give back what they charged them (a refusal is not work).
+/// Response extension: the calls (by position in the client's body) that a stage refused (their
+/// charges are already given back), so a stage before it knows its call did not run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct RefusedCalls(pub(crate) Vec<u32>);
 
@@ -66,6 +66,8 @@ pub(crate) fn apply(mut request: Request<Body>, rejected: &[(usize, Rejection)])
         };
     };
     for (i, r) in rejected {
+        // A refusal is not work: the stages before give back what they charged.
+        calls.calls[*i].charges.refund();
         for o in calls.observers.iter() {
             o.refused(&calls.calls[*i], r);
         }

@@ -16,7 +16,7 @@ use super::{
     CLIENT_ERROR_CODES, INPUT_VALIDATION_PREFIXES, Observation, Observer, Outcome,
     REQUEST_TIMEOUT_CODE,
 };
-use crate::call::Call;
+use crate::call::{Call, SessionId};
 
 /// The observers every outcome goes to.
 pub(crate) type Observers = Arc<[Arc<dyn Observer>]>;
@@ -44,6 +44,10 @@ impl Pending {
     }
 
     fn report(&self, call: &Call, outcome: Outcome, bytes: u64) {
+        if outcome == Outcome::ClientError {
+            // Rejected unrun: every stage gives back what it charged.
+            call.charges.refund();
+        }
         ::metrics::counter!(crate::metrics::OUTCOMES, "outcome" => outcome.as_str()).increment(1);
         let observation = Observation {
             call,
@@ -74,6 +78,15 @@ impl Pending {
     pub(crate) fn settle_all(&mut self, outcome: Outcome, bytes: u64) {
         for call in std::mem::take(&mut self.calls) {
             self.report(&call, outcome, bytes);
+        }
+    }
+
+    /// The server minted `session` in its answer: the `initialize` calls waiting belong to it.
+    pub(crate) fn minted(&mut self, session: &SessionId) {
+        for call in &mut self.calls {
+            if call.method.as_deref() == Some("initialize") {
+                call.session = session.clone();
+            }
         }
     }
 

@@ -13,7 +13,7 @@ use tower::{BoxError, Service};
 use super::Outcome;
 use super::body::{ObservedBody, Observers, Pending, Scan};
 use super::sse::SseParser;
-use crate::call::{Call, Calls};
+use crate::call::{Call, Calls, SessionId};
 
 /// Reports how each request call ends. Built by [`OutcomeLayer`](super::OutcomeLayer).
 #[derive(Clone)]
@@ -100,6 +100,14 @@ where
             }
         };
         let status = response.status();
+        if let Some(id) = response
+            .headers()
+            .get(crate::mcp::SESSION_ID)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| status.is_success() && !v.is_empty())
+        {
+            pending.minted(&SessionId::new(crate::call::bounded(id)));
+        }
         let content_type = response
             .headers()
             .get(header::CONTENT_TYPE)

@@ -1,0 +1,95 @@
+//! What one call was charged, given back together when it turns out the call never ran.
+//!
+//! Every admission stage that charges a call (the global budget, its tenant's share and lease,
+//! the session guard, a breaker's half-open probe, and your own [`Admission`]s) records its
+//! refund in the call's [`Charges`]. The charges are given back, all of them, when:
+//!
+//! * a later stage refuses the call (a refusal is not work); or
+//! * the MCP server rejects it without running it: an HTTP 4xx before any result (400, 403,
+//!   404, 406, 415: an unknown session, a refused batch, a bad header) or a JSON-RPC error of
+//!   the client's own mistake ([`Outcome::ClientError`](crate::outcome::Outcome::ClientError)),
+//!   as the [`OutcomeLayer`](crate::outcome::OutcomeLayer) reports it.
+//!
+//! Otherwise they are kept: dropping the last copy of the call commits them. So a hostile
+//! client that sends batches the server refuses, or calls on a session that does not exist,
+//! spends nothing of anyone's budget.
+//!
+//! [`Admission`]: crate::admit::Admission
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+type Refund = Box<dyn FnOnce() + Send>;
+
+/// The refunds of one call, shared by every copy of it. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Charges(Arc<Mutex<Vec<Refund>>>);
+
+impl Charges {
+    /// Records what to do to give a charge back.
+    pub fn push(&self, refund: impl FnOnce() + Send + 'static) {
+        self.lock().push(Box::new(refund));
+    }
+
+    /// Gives back every charge recorded so far, latest first; later calls give back only what
+    /// was recorded since.
+    pub fn refund(&self) {
+        let taken = std::mem::take(&mut *self.lock());
+        for refund in taken.into_iter().rev() {
+            refund();
+        }
+    }
+
+    /// Charges recorded and not given back.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether nothing is charged.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Refund>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl fmt::Debug for Charges {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Charges").field(&self.len()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn refunds_each_charge_once_latest_first() {
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let c = Charges::default();
+        for i in 0..3 {
+            let o = order.clone();
+            c.push(move || o.lock().unwrap().push(i));
+        }
+        let copy = c.clone();
+        copy.refund();
+        c.refund();
+        assert_eq!(*order.lock().unwrap(), vec![2, 1, 0]);
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn dropping_commits() {
+        let n = Arc::new(AtomicUsize::new(0));
+        let c = Charges::default();
+        let m = n.clone();
+        c.push(move || {
+            m.fetch_add(1, Ordering::Relaxed);
+        });
+        drop(c);
+        assert_eq!(n.load(Ordering::Relaxed), 0);
+    }
+}

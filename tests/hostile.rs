@@ -1,0 +1,198 @@
+//! Hostile and clumsy clients, driven through the real example server: nothing one client does
+//! costs another anything, and every client-chosen string is bounded where it is kept.
+
+mod common;
+
+#[path = "../examples/mcp_server/app.rs"]
+mod app;
+
+use axum::body::Body;
+use common::{message, session, tool_call};
+use http::Request;
+use serde_json::{Value, json};
+use stormgate::control::Config;
+use tower::ServiceExt;
+
+/// A POST of `body` on `session` that declares no protocol version (so a batch is read as one).
+fn raw_post(session: &str, body: &Value) -> Request<Body> {
+    Request::post("/mcp")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("host", "localhost")
+        .header("mcp-session-id", session)
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+fn cache_get(id: usize) -> Value {
+    json!({"jsonrpc":"2.0","id":id,"method":"tools/call",
+        "params":{"name":"cache_get","arguments":{"key":"k"}}})
+}
+
+/// Whether an answer is a stormgate refusal.
+fn refused(msg: &Value) -> bool {
+    msg["error"]["code"] == -32029
+}
+
+/// Calls the server rejects without running them (a batch it does not take, calls on a session
+/// it never issued) are given back every charge: afterwards a real session still has the whole
+/// global budget and its own budget.
+#[tokio::test(start_paused = true)]
+async fn calls_the_server_rejects_unrun_leave_every_bucket_full() {
+    let mut c = Config::default();
+    // The global budget and the session's own hold 10 each; a tenant share holds 100 ms of
+    // its rate, too little to count a burst with.
+    c.features.tenant_budgets = false;
+    c.budget.stable_budget = 10.0;
+    c.budget.burst = Some(10.0);
+    c.sessions.base_budget = 10.0;
+    c.sessions.burst = 10.0;
+    let (router, _control) = app::protected(app::Backend::new(), c).unwrap();
+    let sid = session(&router).await;
+    // Off probation first (five healthy calls, paced), then every bucket full again.
+    for i in 0..5 {
+        let req = tool_call(&sid, 200 + i, "cache_get", json!({"key": "k"}));
+        let (msg, _) = message(router.clone().oneshot(req).await.unwrap()).await;
+        assert_eq!(msg["result"]["isError"], false, "{msg}");
+        tokio::time::advance(std::time::Duration::from_millis(200)).await;
+    }
+    tokio::time::advance(std::time::Duration::from_secs(5)).await;
+    let batch = Value::Array((0..100).map(cache_get).collect());
+    for _ in 0..10 {
+        let res = router
+            .clone()
+            .oneshot(raw_post(&sid, &batch))
+            .await
+            .unwrap();
+        assert!(res.status().is_client_error(), "{}", res.status());
+    }
+    for i in 0..20 {
+        let req = tool_call(&format!("bogus-{i}"), i, "cache_get", json!({"key": "k"}));
+        let res = router.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), 404);
+    }
+    // The whole bucket (10) is still there for the real session.
+    for i in 0..10 {
+        let req = tool_call(&sid, 100 + i, "cache_get", json!({"key": "k"}));
+        let (msg, _) = message(router.clone().oneshot(req).await.unwrap()).await;
+        assert!(!refused(&msg), "call {i}: {msg}");
+        assert_eq!(msg["result"]["isError"], false, "{msg}");
+    }
+}
+
+/// A runaway firing `sql_scan`s of ever-new tables and filters (cold, so 12x slower than the
+/// warm queries the tool is known for) at 20 calls/s for 30 s, on one session or on a fresh
+/// session per call (it re-initializes before every call). Returns the calls admitted, with
+/// the example configuration as shipped.
+async fn runaway(fresh_session_per_call: bool) -> usize {
+    let config = Config::from_toml(include_str!("../examples/stormgate.toml")).unwrap();
+    let backend = app::Backend::with_cache(
+        std::time::Duration::from_millis(20),
+        std::time::Duration::from_millis(240),
+    );
+    let (router, _control) = app::protected(backend, config).unwrap();
+    // The tool's healthy time is learned first: a minute of warm scans of one table on
+    // another session (the first scan of it is cold).
+    let warm = session(&router).await;
+    for i in 0..600 {
+        let req = tool_call(&warm, i, "sql_scan", json!({"table": "orders"}));
+        message(router.clone().oneshot(req).await.unwrap()).await;
+        tokio::time::advance(std::time::Duration::from_millis(100)).await;
+    }
+    let mut sid = session(&router).await;
+    let mut calls = Vec::new();
+    for i in 0..600 {
+        if fresh_session_per_call {
+            sid = session(&router).await;
+        }
+        let args = json!({"table": format!("t{}", i % 97), "filter": format!("id > {i}")});
+        let req = tool_call(&sid, 1000 + i, "sql_scan", args);
+        let r = router.clone();
+        calls.push(tokio::spawn(async move {
+            message(r.oneshot(req).await.unwrap()).await.0
+        }));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let mut admitted = 0;
+    for c in calls {
+        if !refused(&c.await.unwrap()) {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+/// Re-initializing before every call buys a runaway nothing: a new session's first calls are
+/// on probation and its tenant starts new sessions at a bounded rate.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_session_per_call_is_no_escape_from_the_session_guard() {
+    let one = runaway(false).await;
+    let fresh = runaway(true).await;
+    assert!(
+        fresh <= 2 * one,
+        "fresh session per call: {fresh} admitted; one session: {one}"
+    );
+    assert!(one < 600, "the single-session runaway is cut: {one}");
+}
+
+/// Four real sessions, each calling at half its budget (every 200 ms) 40 times: how many of
+/// their calls are refused, and how many the audit recorded.
+async fn four_real_sessions(
+    router: &axum::Router,
+    control: &stormgate::control::Control,
+) -> (usize, usize) {
+    let mut sids = Vec::new();
+    for _ in 0..4 {
+        sids.push(session(router).await);
+    }
+    let mut refusals = 0;
+    for round in 0..40 {
+        for sid in &sids {
+            let req = tool_call(sid, round, "cache_get", json!({"key": "k"}));
+            let (msg, _) = message(router.clone().oneshot(req).await.unwrap()).await;
+            refusals += usize::from(refused(&msg));
+        }
+        tokio::time::advance(std::time::Duration::from_millis(200)).await;
+    }
+    let audited = sids
+        .iter()
+        .map(|s| {
+            control
+                .audit()
+                .invocations(&stormgate::SessionId::new(s.clone()))
+                .len()
+        })
+        .filter(|&n| n > 0)
+        .count();
+    (refusals, audited)
+}
+
+/// A flood of calls on made-up session ids (the server answers 404) takes no session place and
+/// no audit place: real sessions that start after it are treated as before it.
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_made_up_session_ids_changes_nothing_for_real_sessions() {
+    let mut c = Config::default();
+    c.features.tenant_budgets = false;
+    c.sessions.base_budget = 10.0;
+    c.sessions.burst = 10.0;
+    // A small table, so the flood is 20x what it holds (and twice the audit's places).
+    c.sessions.max_sessions = 1000;
+    let (router, control) = app::protected(app::Backend::new(), c.clone()).unwrap();
+    let before = four_real_sessions(&router, &control).await;
+    assert_eq!(before, (0, 4));
+
+    let (router, control) = app::protected(app::Backend::new(), c).unwrap();
+    for i in 0..20_000u64 {
+        let id = format!("{:032x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let req = tool_call(&id, 1, "cache_get", json!({"key": "k"}));
+        let res = router.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), 404);
+    }
+    assert_eq!(control.sessions().len(), 0, "no made-up id is tracked");
+    assert_eq!(control.audit().len(), 0, "nor audited");
+    let after = four_real_sessions(&router, &control).await;
+    assert_eq!(
+        after, before,
+        "(refusals, sessions audited) after the flood"
+    );
+}
