@@ -196,3 +196,38 @@ async fn a_flood_of_made_up_session_ids_changes_nothing_for_real_sessions() {
         "(refusals, sessions audited) after the flood"
     );
 }
+
+/// Forty new tenants, each offering far more than its share, admit no more than the global
+/// budget and its burst in their first second: the guaranteed minimum is part of the budget.
+#[tokio::test(start_paused = true)]
+async fn new_tenants_do_not_overrun_the_global_budget() {
+    use stormgate::admit::Admission;
+    use stormgate::budget::Budget;
+    // The example's budget (1000/s), tenants (a minimum of 20/s each) and tool weights.
+    let c = Config::from_toml(include_str!("../examples/stormgate.toml")).unwrap();
+    assert_eq!(c.budget.stable_budget, 1000.0);
+    let budget = Budget::builder(c.budget)
+        .tenants(c.tenants)
+        .costs(c.costs)
+        .build();
+    let _ticker = budget.spawn_ticker();
+    let calls: Vec<stormgate::Call> = (0..40)
+        .map(|t| {
+            stormgate::Call::request("tools/call")
+                .with_tool("cache_get")
+                .with_tenant(stormgate::Tenant::new(format!("tenant-{t}")))
+        })
+        .collect();
+    let mut admitted = 0u64;
+    // Every millisecond, each tenant tries five calls: 200 000 offered per second.
+    for _ in 0..1000 {
+        for c in &calls {
+            for _ in 0..5 {
+                admitted += u64::from(budget.admit(c).is_ok());
+            }
+        }
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+    }
+    // The budget (1000/s) and its burst (100 ms of it).
+    assert!(admitted <= 1100, "{admitted} admitted in the first second");
+}

@@ -41,6 +41,14 @@ impl Gcra {
         }
     }
 
+    /// An empty bucket at `now`: it holds nothing until it has refilled.
+    pub fn empty(now: u64, interval_ns: u64, burst: u64) -> Self {
+        let g = Gcra::new(interval_ns, burst);
+        let full = g.burst.load(Ordering::Relaxed) * g.interval.load(Ordering::Relaxed);
+        g.tat.store(now.saturating_add(full), Ordering::Relaxed);
+        g
+    }
+
     /// Takes `cost` units at `now`, or returns the nanoseconds until it could.
     pub fn try_take(&self, now: u64, cost: u64) -> Result<(), u64> {
         let interval = self.interval.load(Ordering::Relaxed);

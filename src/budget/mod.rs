@@ -323,8 +323,11 @@ impl Budget {
         };
         let rate = f64::from_bits(self.inner.newcomer_rate.load(Ordering::Relaxed));
         let fixed_tenant = self.inner.switch.load().fixed.tenant_rate;
-        let min = st.min_budget;
+        // The guaranteed minimum is part of the budget: never more than a newcomer's share
+        // of it, and it starts empty (a new tenant has no savings to spend).
+        let min = st.min_budget.min(rate);
         let w = st.max_weight;
+        let now = self.now();
         #[cfg(feature = "redis")]
         let lease = self.tenant_lease(tenant.as_str(), rate.max(min));
         self.inner
@@ -336,7 +339,11 @@ impl Budget {
                     lease,
                     admitted: AtomicU64::new(0),
                     share: Gcra::new(interval_for_rate(rate.max(min)), burst_for(rate, w)),
-                    guaranteed: Gcra::new(interval_for_rate(min), (min as u64).max(u64::from(w))),
+                    guaranteed: Gcra::empty(
+                        now,
+                        interval_for_rate(min),
+                        (min as u64).max(u64::from(w)),
+                    ),
                     fixed: {
                         let rate = fixed_tenant.unwrap_or(rate);
                         Gcra::new(interval_for_rate(rate), burst_for(rate, w))
@@ -517,8 +524,11 @@ impl Budget {
         });
         let wants: Vec<(f64, f64)> = active.iter().map(|(_, _, w, d)| (*w, *d)).collect();
         let shares = allocate(budget, &wants);
+        // The guaranteed minimums together never pass the budget.
+        let min = st.min_budget.min(budget / active.len().max(1) as f64);
         for ((name, t, _, _), share) in active.iter().zip(shares) {
-            let rate = share.max(st.min_budget);
+            let rate = share.max(min);
+            t.guaranteed.set_interval(now, interval_for_rate(min));
             let label = metrics::tenant_label(name.as_str());
             let consumed = t.admitted.swap(0, Ordering::Relaxed) as f64 / secs;
             ::metrics::gauge!(metrics::TENANT_CONSUMPTION, "tenant" => label.clone()).set(consumed);
