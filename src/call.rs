@@ -466,3 +466,25 @@ pub(crate) fn bounded(id: &str) -> Arc<str> {
     id.hash(&mut h);
     Arc::from(format!("~{:016x}", h.finish()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any client-chosen identity is stored in at most MAX_ID_LEN bytes, and distinct long
+        /// ids stay apart.
+        #[test]
+        fn ids_of_any_length_are_stored_bounded(a in ".{0,400}", b in ".{0,400}") {
+            let (x, y) = (bounded(&a), bounded(&b));
+            prop_assert!(x.len() <= MAX_ID_LEN);
+            if a.len() <= MAX_ID_LEN {
+                prop_assert_eq!(&*x, a.as_str());
+            }
+            if a != b {
+                prop_assert_ne!(x, y);
+            }
+        }
+    }
+}

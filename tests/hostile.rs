@@ -231,3 +231,45 @@ async fn new_tenants_do_not_overrun_the_global_budget() {
     // The budget (1000/s) and its burst (100 ms of it).
     assert!(admitted <= 1100, "{admitted} admitted in the first second");
 }
+
+/// A thousand calls with 256 KiB tool names, half on a real session and half on made-up ids,
+/// store nothing per name: no FIFO key, no session, no tool baseline; the audit keeps each
+/// name as at most 128 bytes.
+#[tokio::test(start_paused = true)]
+async fn long_tool_names_are_not_stored() {
+    let config = Config::from_toml(include_str!("../examples/stormgate.toml")).unwrap();
+    let (router, control) = app::protected(app::Backend::new(), config).unwrap();
+    let sid = session(&router).await;
+    let keys = control.fifo().limiter().key_count();
+    for i in 0..1000usize {
+        let name = format!("{i}{}", "n".repeat(256 * 1024));
+        let on = if i.is_multiple_of(2) {
+            sid.clone()
+        } else {
+            format!("made-up-{i}")
+        };
+        let res = router
+            .clone()
+            .oneshot(tool_call(&on, i, &name, json!({})))
+            .await
+            .unwrap();
+        common::body_bytes(res).await;
+    }
+    assert_eq!(
+        control.fifo().limiter().key_count(),
+        keys,
+        "no FIFO key per name"
+    );
+    assert_eq!(control.sessions().len(), 1, "only the real session");
+    assert!(control.sessions().pools() <= 1);
+    assert_eq!(control.audit().len(), 1);
+    let log = control
+        .audit()
+        .invocations(&stormgate::SessionId::new(sid.clone()));
+    assert!(!log.is_empty());
+    assert!(
+        log.iter()
+            .all(|e| e.target.as_ref().is_some_and(|t| t.len() <= 128)),
+        "names kept bounded"
+    );
+}

@@ -21,6 +21,9 @@ use crate::metrics;
 pub const DEFAULT_MAX_KEYS: usize = 10_000;
 /// The key that keys past `max_keys` share, so a flood of new names cannot grow memory.
 pub const OVERFLOW_KEY: &str = "~overflow";
+/// The one key every tool call without a key of its own shares in the inbound layer, under the
+/// default limits (`[fifo.default]`).
+pub const DEFAULT_KEY: &str = "~default";
 /// The longest key name tracked on its own, bytes: a longer name not configured (a client can
 /// name a tool with a megabyte) shares [`OVERFLOW_KEY`], so keys hold at most
 /// `max_keys` x this many bytes of names.
@@ -133,6 +136,11 @@ impl ResourceLimiter {
             .get(key)
             .copied()
             .unwrap_or(settings.default_limits)
+    }
+
+    /// Whether `key` has limits of its own (configured one by one).
+    pub fn is_configured(&self, key: &str) -> bool {
+        self.inner.settings.load().configured.contains_key(key)
     }
 
     /// Takes new limits: keys already in use switch to theirs at once (waiters are

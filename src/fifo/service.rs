@@ -11,7 +11,7 @@ use tower::{BoxError, Service, ServiceExt};
 use super::body::LeaseBody;
 use super::future::ResponseFuture;
 use super::layer::Shared;
-use super::{Acquire, QueueWait};
+use super::{Acquire, DEFAULT_KEY, QueueWait};
 use crate::call::Calls;
 use crate::deadline::DeadlineBody;
 use crate::mcp::{reply, verdict};
@@ -63,8 +63,10 @@ where
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let acquires = self.acquires(req.extensions().get::<Calls>());
-        if acquires.is_empty() {
+        let calls = req.extensions().get::<Calls>();
+        let acquires = self.acquires(calls);
+        let deadlines = calls.is_some_and(|c| c.iter().any(|c| c.deadline.is_some()));
+        if acquires.is_empty() && !deadlines {
             let clone = self.inner.clone();
             let mut inner = std::mem::replace(&mut self.inner, clone);
             return ResponseFuture::passthrough(inner.call(req));
@@ -167,13 +169,22 @@ impl<S> FifoLimit<S> {
             return Vec::new();
         };
         let tool_keys = self.shared.tool_keys.load();
+        let limiter = &self.shared.limiter;
+        let default_limited = !limiter.limits(DEFAULT_KEY).is_unlimited();
         let mut wanted: Vec<(&str, usize, Option<&str>)> = calls
             .iter()
             .enumerate()
             .filter(|(_, c)| c.is_chargeable())
             .filter_map(|(i, c)| {
                 let tool = c.tool.as_deref()?;
-                let key = tool_keys.get(tool).map_or(tool, String::as_str);
+                // Only configured keys are kept one by one: a tool name is the client's
+                // choice, and an unknown one must not make state.
+                let key = match tool_keys.get(tool) {
+                    Some(key) => key.as_str(),
+                    None if limiter.is_configured(tool) => tool,
+                    None if default_limited => DEFAULT_KEY,
+                    None => return None,
+                };
                 Some((key, i, Some(c.tenant.as_str())))
             })
             .collect();
