@@ -46,7 +46,7 @@ fn bytes_per_tracked_session() {
     // share of the sharded map.
     assert!(
         per_session < 600.0,
-        "{per_session:.0} bytes per session (README: 462)"
+        "{per_session:.0} bytes per session (README: 494)"
     );
     assert!(
         per_session > 200.0,

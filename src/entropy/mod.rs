@@ -23,9 +23,19 @@
 //! has no distress and scores 0: it is never penalized for its entropy. A low-entropy loop of
 //! the same failing call is caught by its distress alone.
 //!
-//! State is bounded: at most `max_sessions` are tracked (past it, new sessions share one
-//! overflow session and no tracked session is evicted for them), sessions idle for `idle_ttl`
-//! are swept, and each window stores at most `max_keys` keys.
+//! Identities earn nothing until the MCP server accepts them: a session gets its own state
+//! only once the server minted its id on `initialize` or answered a call on it with success
+//! ([`SessionGuard::accept`]); calls on other ids are charged to and judged by their tenant's
+//! unverified pool, one state per tenant. An accepted session starts on probation (a full
+//! bucket refilled at `probation` of its budget, doubled per healthy call) and takes one of its
+//! tenant's newcomer places (`new_session_burst`, refilled at `new_session_rate`, given back
+//! when it graduates healthy after `min_calls`).
+//!
+//! State is bounded: at most `max_sessions` are tracked (past it, new sessions stay in their
+//! tenant's pool and no tracked session is evicted for them), at most `max_tenants` pools,
+//! [`MAX_TOOLS`] tool baselines; all are keyed by a SipHash of the client's string under a key
+//! random per guard. Sessions and pools idle for `idle_ttl` are swept, and each window stores
+//! at most `max_keys` keys.
 
 mod guard;
 mod key;
