@@ -374,10 +374,14 @@ impl<'a> Meta<'a> {
 
     /// The string value of `_meta[key]`, if `_meta` is an object holding a string there.
     pub fn get_str(&self, key: &str) -> Option<Cow<'a, str>> {
+        serde_json::from_str::<Cow<'a, str>>(self.get_raw(key)?.get()).ok()
+    }
+
+    /// The JSON text of `_meta[key]`, as sent, if `_meta` is an object holding `key`.
+    pub fn get_raw(&self, key: &str) -> Option<&'a RawValue> {
         let raw = self.0?;
         let map: BTreeMap<Cow<'a, str>, &'a RawValue> = serde_json::from_str(raw.get()).ok()?;
-        let value = map.get(key)?;
-        serde_json::from_str::<Cow<'a, str>>(value.get()).ok()
+        map.get(key).copied()
     }
 }
 
@@ -389,8 +393,23 @@ pub trait Identify: Send + Sync + 'static {
     fn session(&self, parts: &Parts, meta: Meta<'_>, tenant: &Tenant) -> SessionId;
 }
 
-/// The built-in identity: [`Tenant`] extension (or a configured header), `Mcp-Session-Id`
-/// (or a configured `_meta` key), falling back to the tenant.
+/// The built-in identity: [`Tenant`] extension (or a configured header), and the session
+/// found by this ladder, first match wins:
+///
+/// 1. the `Mcp-Session-Id` header (the server issued it);
+/// 2. the configured `_meta` key ([`session_meta_key`](Self::session_meta_key)), such as a
+///    conversation or run id;
+/// 3. session-less requests (MCP 2026-07-28 has no sessions): the client's declared info
+///    (`_meta["io.modelcontextprotocol/clientInfo"]`) with its IP address (when served with
+///    `into_make_service_with_connect_info::<SocketAddr>()`; not the port, since SDKs open new
+///    connections freely), so clients on other hosts or of other names are other sessions.
+///    Two instances of one SDK on one host declare the same and are one session: give them a
+///    session key (step 2) to tell them apart;
+/// 4. the tenant.
+///
+/// Every step but the last is the client's choice: the session guard gives such an id its own
+/// state only once the server has accepted it, so a client that varies it per call gains
+/// nothing.
 #[derive(Debug, Clone, Default)]
 pub struct DefaultIdentity {
     tenant_header: Option<HeaderName>,
@@ -447,9 +466,26 @@ impl Identify for DefaultIdentity {
         {
             return SessionId::new(bounded(&id));
         }
-        SessionId(tenant.0.clone())
+        let info = meta.get_raw(CLIENT_INFO_META_KEY);
+        // The address, not the port: SDKs open a new connection for many requests.
+        let peer = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0.ip());
+        if info.is_none() && peer.is_none() {
+            return SessionId(tenant.0.clone());
+        }
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        tenant.as_str().hash(&mut h);
+        info.map(RawValue::get).hash(&mut h);
+        peer.hash(&mut h);
+        SessionId::new(format!("~c{:016x}", h.finish()))
     }
 }
+
+/// The `_meta` key under which MCP 2026-07-28 requests declare their client (name, version).
+pub const CLIENT_INFO_META_KEY: &str = "io.modelcontextprotocol/clientInfo";
 
 /// The longest client-chosen identity (session id, tenant header) kept as it is, bytes.
 pub const MAX_ID_LEN: usize = 128;

@@ -540,3 +540,48 @@ proptest! {
         }
     }
 }
+
+/// The session ladder for session-less (2026-07-28) requests: clients that declare another
+/// name or call from another address are other sessions; the same declaration from the same
+/// address (any port) is one session; without either it is the tenant.
+#[tokio::test]
+async fn session_less_clients_are_told_apart_by_declared_info_and_address() {
+    use axum::extract::ConnectInfo;
+    use std::net::SocketAddr;
+    let session_of = |name: &str, addr: Option<&str>| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{{}},
+            "_meta":{{"io.modelcontextprotocol/clientInfo":{{"name":"{name}","version":"1"}}}}}}}}"#
+        );
+        let mut req = post()
+            .header("mcp-protocol-version", "2026-07-28")
+            .body(Body::from(body))
+            .unwrap();
+        if let Some(a) = addr {
+            req.extensions_mut()
+                .insert(ConnectInfo(a.parse::<SocketAddr>().unwrap()));
+        }
+        async move {
+            let (seen, _) = classify(&ClassifyLayer::new(), req).await;
+            seen.calls.unwrap().single().unwrap().session.clone()
+        }
+    };
+    let a = session_of("agent-a", Some("10.0.0.1:40000")).await;
+    assert_eq!(
+        a,
+        session_of("agent-a", Some("10.0.0.1:40001")).await,
+        "any port"
+    );
+    assert_ne!(
+        a,
+        session_of("agent-b", Some("10.0.0.1:40000")).await,
+        "another name"
+    );
+    assert_ne!(
+        a,
+        session_of("agent-a", Some("10.0.0.2:40000")).await,
+        "another host"
+    );
+    assert_ne!(a.as_str(), "anonymous");
+    assert!(a.as_str().len() <= stormgate::call::MAX_ID_LEN);
+}

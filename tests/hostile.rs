@@ -29,9 +29,9 @@ fn cache_get(id: usize) -> Value {
         "params":{"name":"cache_get","arguments":{"key":"k"}}})
 }
 
-/// Whether an answer is a stormgate refusal.
+/// Whether an answer is a stormgate refusal (-32029, or 429 from 2026-07-28 on).
 fn refused(msg: &Value) -> bool {
-    msg["error"]["code"] == -32029
+    msg["error"]["data"]["notProcessed"] == true
 }
 
 /// Calls the server rejects without running them (a batch it does not take, calls on a session
@@ -272,4 +272,73 @@ async fn long_tool_names_are_not_stored() {
             .all(|e| e.target.as_ref().is_some_and(|t| t.len() <= 128)),
         "names kept bounded"
     );
+}
+
+/// The same runaway on the session-less protocol, identified by a `_meta` key it chooses:
+/// one run id for all its calls, or a fresh one per call. Returns the calls admitted.
+async fn session_less_runaway(fresh_id_per_call: bool) -> usize {
+    let mut config = Config::from_toml(include_str!("../examples/stormgate.toml")).unwrap();
+    config.identity.session_meta_key = Some("agent_run".into());
+    let backend = app::Backend::with_cache(
+        std::time::Duration::from_millis(20),
+        std::time::Duration::from_millis(240),
+    );
+    let (router, _control) = app::protected(backend, config).unwrap();
+    let post = |run: String, id: usize, table: String, filter: String| {
+        let body = json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+            "name":"sql_scan","arguments":{"table": table, "filter": filter},
+            "_meta":{"agent_run": run,
+                "io.modelcontextprotocol/protocolVersion":"2026-07-28",
+                "io.modelcontextprotocol/clientInfo":{"name":"runaway","version":"1"},
+                "io.modelcontextprotocol/clientCapabilities":{}}}});
+        Request::post("/mcp")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("host", "localhost")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "sql_scan")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    // A minute of warm scans first, within the session budget (200/s, a scan costs 50).
+    for i in 0..200 {
+        let req = post("warm".into(), i, "orders".into(), "true".into());
+        let (msg, _) = message(router.clone().oneshot(req).await.unwrap()).await;
+        assert!(msg.get("result").is_some(), "{msg}");
+        tokio::time::advance(std::time::Duration::from_millis(300)).await;
+    }
+    let mut calls = Vec::new();
+    for i in 0..600 {
+        let run = if fresh_id_per_call {
+            format!("run-{i}")
+        } else {
+            "run".into()
+        };
+        let req = post(run, 1000 + i, format!("t{}", i % 97), format!("id > {i}"));
+        let r = router.clone();
+        calls.push(tokio::spawn(async move {
+            message(r.oneshot(req).await.unwrap()).await.0
+        }));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let mut admitted = 0;
+    for c in calls {
+        if !refused(&c.await.unwrap()) {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+/// A self-declared identity varied per call is no better off than one kept.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_self_declared_identity_per_call_is_no_escape() {
+    let one = session_less_runaway(false).await;
+    let fresh = session_less_runaway(true).await;
+    assert!(
+        fresh <= 2 * one,
+        "fresh id per call: {fresh} admitted; one id: {one}"
+    );
+    assert!(one < 600, "the runaway is cut: {one}");
 }
