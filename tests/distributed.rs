@@ -52,13 +52,18 @@ struct Node {
 }
 
 async fn node(config: Option<DistributedConfig>) -> Node {
+    node_with_minimum(config, 0.0).await
+}
+
+/// The same with a guaranteed minimum of `min_budget` per tenant.
+async fn node_with_minimum(config: Option<DistributedConfig>, min_budget: f64) -> Node {
     let shared = config.map(|c| SharedBudget::new(c).unwrap());
     let mut builder = Budget::builder(BudgetConfig {
         stable_budget: BUDGET,
         ..BudgetConfig::default()
     })
     .tenants(TenantConfig {
-        min_budget: Some(0.0),
+        min_budget: Some(min_budget),
         ..TenantConfig::default()
     });
     if let Some(s) = &shared {
@@ -79,19 +84,21 @@ async fn node(config: Option<DistributedConfig>) -> Node {
 }
 
 async fn cluster(url: &str, n: usize, window_ms: u64, on_failure: FailureMode) -> Vec<Node> {
-    let prefix = format!("test-{n}-{window_ms}");
+    cluster_with_minimum(url, n, window_ms, on_failure, 0.0).await
+}
+
+async fn cluster_with_minimum(
+    url: &str,
+    n: usize,
+    window_ms: u64,
+    on_failure: FailureMode,
+    min_budget: f64,
+) -> Vec<Node> {
+    let prefix = format!("test-{n}-{window_ms}-{min_budget}");
     let mut nodes = Vec::new();
     for i in 0..n {
-        nodes.push(
-            node(Some(distributed(
-                url,
-                &prefix,
-                &format!("n{i}"),
-                window_ms,
-                on_failure,
-            )))
-            .await,
-        );
+        let config = distributed(url, &prefix, &format!("n{i}"), window_ms, on_failure);
+        nodes.push(node_with_minimum(Some(config), min_budget).await);
     }
     nodes
 }
@@ -138,14 +145,30 @@ impl Tally {
 /// Offers every node [`PER_MS`] calls of cost 1 (tenant `t`) each millisecond for `run`, all
 /// nodes at once.
 async fn drive(nodes: &[Node], clock: RedisClock, window: Duration, run: Duration) -> Vec<Tally> {
+    drive_tenants(nodes, clock, window, run, 1).await
+}
+
+/// The same, the calls spread over `tenants` tenants (`t0`, `t1`, ...) in turn.
+async fn drive_tenants(
+    nodes: &[Node],
+    clock: RedisClock,
+    window: Duration,
+    run: Duration,
+    tenants: usize,
+) -> Vec<Tally> {
     let tasks: Vec<_> = nodes
         .iter()
         .map(|n| {
             let budget = n.budget.clone();
             tokio::spawn(async move {
-                let call = Call::request("tools/call")
-                    .with_tool("search")
-                    .with_tenant(Tenant::new("t"));
+                let calls: Vec<Call> = (0..tenants)
+                    .map(|t| {
+                        Call::request("tools/call")
+                            .with_tool("search")
+                            .with_tenant(Tenant::new(format!("t{t}")))
+                    })
+                    .collect();
+                let mut next = 0;
                 let mut tally = Tally::default();
                 let end = Instant::now() + run;
                 let mut tick = tokio::time::interval(Duration::from_millis(1));
@@ -153,8 +176,10 @@ async fn drive(nodes: &[Node], clock: RedisClock, window: Duration, run: Duratio
                 while Instant::now() < end {
                     tick.tick().await;
                     for _ in 0..PER_MS {
+                        let call = &calls[next % tenants];
+                        next += 1;
                         let t = Instant::now();
-                        let result = budget.admit(&call);
+                        let result = budget.admit(call);
                         tally.slowest = tally.slowest.max(t.elapsed());
                         match result {
                             Ok(_) => {
@@ -249,6 +274,25 @@ async fn three_nodes_hold_one_budget_where_three_local_budgets_admit_three_times
         assert_eq!(st.errors, 0, "{st:?}");
         assert!(st.lease_requests > 0 && st.granted > 0, "{st:?}");
     }
+}
+
+/// The guaranteed minimum is part of the shared budget: three nodes, each with 20 tenants
+/// whose minimums alone would be the whole budget on every node, still hold one budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_minimums_spend_the_shared_budget() {
+    let redis = RedisServer::start();
+    let window = Duration::from_millis(500);
+    let nodes = cluster_with_minimum(&redis.url(), 3, 500, FailureMode::Local, 50.0).await;
+    let clock = RedisClock::read(&redis.url());
+    let start = Instant::now();
+    let run = Duration::from_secs(4);
+    let tallies = drive_tenants(&nodes, clock, window, run, 20).await;
+    let windows = whole_windows(clock, window, start + Duration::from_secs(1), start + run);
+    let shared_rate = rate(&tallies, windows, window);
+    assert!(
+        shared_rate <= 1.05 * BUDGET,
+        "the cluster admitted {shared_rate:.0}/s over a budget of {BUDGET}/s"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

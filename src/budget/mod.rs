@@ -689,19 +689,25 @@ impl Budget {
             },
             Err(wait) => Some((Reason::TenantBudgetExceeded, Scope::Tenant, wait)),
         };
-        // The guaranteed minimum is per node and spends no lease.
+        // The guaranteed minimum is part of the budget: charged to the global bucket (into
+        // debt if need be) and, when the budget is shared, to the cluster's global lease, so
+        // the nodes' minimums together never pass the cluster's budget.
         let guaranteed = match refused {
             None => false,
-            Some((reason, scope, wait)) => {
-                // The guaranteed minimum: still charged to the shared bucket.
-                match tenant.guaranteed.try_take(now, cost) {
-                    Ok(()) => {
+            Some((reason, scope, wait)) => match tenant.guaranteed.try_take(now, cost) {
+                Ok(()) => match self.take_leases(leasing, None, cost) {
+                    Ok(l) => {
+                        leased = l;
                         inner.global.force_take(now, cost);
                         true
                     }
-                    Err(min_wait) => return Err(Self::reject(reason, scope, wait.min(min_wait))),
-                }
-            }
+                    Err((r, s, w)) => {
+                        tenant.guaranteed.refund(now, cost);
+                        return Err(Self::reject(r, s, w));
+                    }
+                },
+                Err(min_wait) => return Err(Self::reject(reason, scope, wait.min(min_wait))),
+            },
         };
         Ok(BudgetPermit {
             tenant: Some(tenant),
