@@ -121,7 +121,7 @@ pub const SHARED_GRANTED: &str = "stormgate_shared_granted_total";
 /// Redis calls and connection attempts that failed or timed out.
 pub const SHARED_REDIS_ERRORS: &str = "stormgate_shared_redis_errors_total";
 
-use std::sync::OnceLock;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -168,26 +168,56 @@ impl Cap {
     }
 }
 
-fn caps() -> &'static (Cap, Cap) {
-    static CAPS: OnceLock<(Cap, Cap)> = OnceLock::new();
-    CAPS.get_or_init(|| (Cap::new(), Cap::new()))
+/// The bounded `tenant` and `tool` label values of one stack: past a cap (default 100 each),
+/// new values are reported as `other`. Each [`Control`](crate::control::Control) owns one and
+/// gives it to the stages that label by tenant or tool, so two stacks in one process keep
+/// their own caps.
+pub struct Labels {
+    tenants: Cap,
+    tools: Cap,
 }
 
-/// Caps the distinct values of the `tenant` and `tool` labels (default 100 each); past a cap,
-/// new values are reported as `other`. Process-wide, like the metrics recorder.
-pub fn set_label_caps(tenants: usize, tools: usize) {
-    caps().0.max.store(tenants, Ordering::Relaxed);
-    caps().1.max.store(tools, Ordering::Relaxed);
+impl Default for Labels {
+    fn default() -> Self {
+        Labels {
+            tenants: Cap::new(),
+            tools: Cap::new(),
+        }
+    }
 }
 
-/// The `tenant` label for a tenant name (capped).
-pub fn tenant_label(tenant: &str) -> String {
-    caps().0.label(tenant)
+impl std::fmt::Debug for Labels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Labels")
+            .field("tenants", &self.tenants.seen.len())
+            .field("tools", &self.tools.seen.len())
+            .finish()
+    }
 }
 
-/// The `tool` label for a call's target (capped; `none` for calls without one).
-pub fn tool_label(tool: Option<&str>) -> String {
-    caps().1.label(tool.unwrap_or("none"))
+impl Labels {
+    /// Label values with these caps.
+    pub fn with_caps(tenants: usize, tools: usize) -> Self {
+        let labels = Labels::default();
+        labels.set_caps(tenants, tools);
+        labels
+    }
+
+    /// Changes the caps (values already labelled keep their label).
+    pub fn set_caps(&self, tenants: usize, tools: usize) {
+        self.tenants.max.store(tenants, Ordering::Relaxed);
+        self.tools.max.store(tools, Ordering::Relaxed);
+    }
+
+    /// The `tenant` label for a tenant name (capped).
+    pub fn tenant(&self, tenant: &str) -> String {
+        self.tenants.label(tenant)
+    }
+
+    /// The `tool` label for a call's target (capped; `none` for calls without one).
+    pub fn tool(&self, tool: Option<&str>) -> String {
+        self.tools.label(tool.unwrap_or("none"))
+    }
 }
 
 /// Histogram buckets for durations in seconds: 1 ms to 30 s.
@@ -224,16 +254,25 @@ pub fn prometheus_builder() -> PrometheusBuilder {
 /// refusals by reason, scope, tenant and tool. Give it to both the
 /// [`OutcomeLayer`](crate::outcome::OutcomeLayer) and the
 /// [`ClassifyLayer`](crate::classify::ClassifyLayer::observers) (the
-/// [`Control`](crate::control::Control) does).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CallMetrics;
+/// [`Control`](crate::control::Control) does), with the stack's [`Labels`].
+#[derive(Debug, Clone, Default)]
+pub struct CallMetrics {
+    labels: Arc<Labels>,
+}
+
+impl CallMetrics {
+    /// Counting with these label caps.
+    pub fn new(labels: Arc<Labels>) -> Self {
+        CallMetrics { labels }
+    }
+}
 
 impl Observer for CallMetrics {
     fn observe(&self, o: &Observation<'_>) {
-        let tool = tool_label(o.call.target());
+        let tool = self.labels.tool(o.call.target());
         ::metrics::counter!(
             CALLS,
-            "tenant" => tenant_label(o.call.tenant.as_str()),
+            "tenant" => self.labels.tenant(o.call.tenant.as_str()),
             "tool" => tool.clone(),
             "result" => o.outcome.as_str(),
         )
@@ -242,8 +281,8 @@ impl Observer for CallMetrics {
     }
 
     fn refused(&self, call: &Call, r: &Rejection) {
-        let tenant = tenant_label(call.tenant.as_str());
-        let tool = tool_label(call.target());
+        let tenant = self.labels.tenant(call.tenant.as_str());
+        let tool = self.labels.tool(call.target());
         ::metrics::counter!(
             CALLS,
             "tenant" => tenant.clone(),
@@ -285,5 +324,29 @@ mod tests {
         assert!(cap.seen.is_empty(), "nothing kept");
         let fits = "z".repeat(MAX_LABEL_LEN);
         assert_eq!(cap.label(&fits), fits);
+    }
+}
+
+#[cfg(test)]
+mod labels_tests {
+    use super::*;
+
+    #[test]
+    fn two_stacks_keep_their_own_caps() {
+        let narrow = Labels::with_caps(1, 1);
+        let wide = Labels::default();
+        for t in ["a", "b", "c"] {
+            wide.tool(Some(t));
+        }
+        assert_eq!(narrow.tool(Some("a")), "a");
+        assert_eq!(narrow.tool(Some("b")), OTHER);
+        assert_eq!(
+            wide.tool(Some("c")),
+            "c",
+            "the other stack's cap is its own"
+        );
+        assert_eq!(wide.tenant("t1"), "t1");
+        assert_eq!(narrow.tenant("t1"), "t1");
+        assert_eq!(narrow.tenant("t2"), OTHER);
     }
 }

@@ -585,3 +585,23 @@ async fn session_less_clients_are_told_apart_by_declared_info_and_address() {
     assert_ne!(a.as_str(), "anonymous");
     assert!(a.as_str().len() <= stormgate::call::MAX_ID_LEN);
 }
+
+/// Builder steps make a new layer: configuring a clone leaves the original, and the services
+/// it already built, as they were.
+#[tokio::test]
+async fn configuring_a_clone_leaves_the_original_untouched() {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let original = ClassifyLayer::new();
+    let built = original.layer(Recorder::default().service(ok_json));
+    let narrow = original.clone().body_limit(8);
+    let res = narrow
+        .layer(Recorder::default().service(ok_json))
+        .oneshot(post_body(body))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let (_, res) = classify(&original, post_body(body)).await;
+    assert_eq!(res.status(), StatusCode::OK, "the original keeps its limit");
+    let res = built.oneshot(post_body(body)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "and so do its services");
+}

@@ -145,3 +145,18 @@ fn an_invalid_config_names_the_field() {
         "must be greater than 0 (absent: wait without limit)"
     );
 }
+
+/// Mapping a tool on a clone of the layer leaves the original's map as it was.
+#[tokio::test]
+async fn a_tool_key_on_a_clone_leaves_the_original_untouched() {
+    let limiter = ResourceLimiter::builder()
+        .key(
+            "db",
+            ResourceLimits::default().max_concurrent(NonZeroUsize::MIN),
+        )
+        .build();
+    let original = FifoLimitLayer::new(limiter);
+    let mapped = original.clone().tool_key("sql_scan", "db");
+    assert!(format!("{mapped:?}").contains("sql_scan"));
+    assert!(!format!("{original:?}").contains("sql_scan"));
+}

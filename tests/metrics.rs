@@ -59,9 +59,8 @@ async fn every_stage_is_counted() {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
     });
     let svc = ClassifyLayer::new()
-        .observers([
-            std::sync::Arc::new(CallMetrics) as std::sync::Arc<dyn stormgate::outcome::Observer>
-        ])
+        .observers([std::sync::Arc::new(CallMetrics::default())
+            as std::sync::Arc<dyn stormgate::outcome::Observer>])
         .layer(refuse.layer(inner));
     for body in [
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}"#,

@@ -76,6 +76,7 @@ pub struct Budget {
 struct Inner {
     epoch: Instant,
     switch: Switch,
+    labels: Arc<metrics::Labels>,
     /// The global bucket of fixed mode.
     fixed_global: Gcra,
     /// The settings, swapped whole by a reload.
@@ -152,6 +153,7 @@ pub struct BudgetBuilder {
     tenants: TenantConfig,
     costs: CostConfig,
     switch: Switch,
+    labels: Arc<metrics::Labels>,
     #[cfg(feature = "redis")]
     shared: Option<crate::distributed::SharedBudget>,
 }
@@ -185,6 +187,13 @@ impl BudgetBuilder {
         self
     }
 
+    /// Labels the per-tenant gauges with these bounded label values (default: its own, capped
+    /// at 100).
+    pub fn labels(mut self, labels: Arc<metrics::Labels>) -> Self {
+        self.labels = labels;
+        self
+    }
+
     /// Validates every setting.
     pub fn try_build(self) -> Result<Budget, ConfigError> {
         self.config.validate()?;
@@ -207,6 +216,7 @@ impl BudgetBuilder {
                 epoch: Instant::now(),
                 fixed_global: Gcra::new(interval_for_rate(stable), burst as u64),
                 switch: self.switch,
+                labels: self.labels,
                 global: Gcra::new(interval_for_rate(stable), burst as u64),
                 sampler: Sampler::new(),
                 controller: Mutex::new(Controller::new(settings.config.clone())),
@@ -245,6 +255,7 @@ impl Budget {
             tenants: TenantConfig::default(),
             costs: CostConfig::default(),
             switch: Switch::default(),
+            labels: Arc::default(),
             #[cfg(feature = "redis")]
             shared: None,
         }
@@ -529,7 +540,7 @@ impl Budget {
         for ((name, t, _, _), share) in active.iter().zip(shares) {
             let rate = share.max(min);
             t.guaranteed.set_interval(now, interval_for_rate(min));
-            let label = metrics::tenant_label(name.as_str());
+            let label = inner.labels.tenant(name.as_str());
             let consumed = t.admitted.swap(0, Ordering::Relaxed) as f64 / secs;
             ::metrics::gauge!(metrics::TENANT_CONSUMPTION, "tenant" => label.clone()).set(consumed);
             ::metrics::gauge!(metrics::TENANT_ALLOCATION, "tenant" => label).set(rate);

@@ -149,11 +149,14 @@ impl ClassifyLayer {
         }
     }
 
+    /// A builder step: a new layer with its own settings, so configuring a clone never
+    /// changes the original or the services it built.
     fn update(self, f: impl FnOnce(&mut Shared)) -> Self {
         let mut shared = Shared::clone(&self.shared.load());
         f(&mut shared);
-        self.shared.store(Arc::new(shared));
-        self
+        ClassifyLayer {
+            shared: Arc::new(ArcSwap::from_pointee(shared)),
+        }
     }
 
     /// Changes the body limit, the rejection format, the identity, the deadlines and the

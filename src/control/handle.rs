@@ -16,7 +16,7 @@ use crate::entropy::SessionGuard;
 use crate::error::{ConfigError, ControlError};
 use crate::fifo::FifoLimitLayer;
 use crate::idempotency::IdempotencyLayer;
-use crate::metrics::{self, CallMetrics};
+use crate::metrics::{self, CallMetrics, Labels};
 use crate::outcome::{Observer, OutcomeLayer};
 
 /// The whole stack and its control handle: a cheap clone, every clone controls the same stack.
@@ -48,6 +48,8 @@ struct Inner {
     idempotency: IdempotencyLayer,
     fifo: FifoLimitLayer,
     audit: Arc<Audit>,
+    /// The bounded tenant and tool label values of this stack's metrics.
+    labels: Arc<Labels>,
     last_error: Mutex<Option<String>>,
     /// Orders every change (reloads from every source, mode flips), from reading the running
     /// configuration to committing the next.
@@ -69,10 +71,15 @@ impl Control {
     pub fn new(config: Config) -> Result<Self, ControlError> {
         let Prepared { config, identity } = config.prepare()?;
         let switch = Switch::new(config.policy());
+        let labels = Arc::new(Labels::with_caps(
+            config.metrics.max_tenant_labels,
+            config.metrics.max_tool_labels,
+        ));
         let budget = Budget::builder(config.budget.clone())
             .tenants(config.tenants.clone())
             .costs(config.costs.clone())
-            .switch(switch.clone());
+            .switch(switch.clone())
+            .labels(labels.clone());
         #[cfg(feature = "redis")]
         let budget = match &config.distributed {
             Some(d) => budget.shared(crate::distributed::SharedBudget::new(d.clone())?),
@@ -85,10 +92,6 @@ impl Control {
             IdempotencyLayer::with_switch(config.idempotency.clone(), switch.clone())?;
         let fifo = config.fifo.layer();
         let audit = Arc::new(Audit::following(sessions.clone()));
-        metrics::set_label_caps(
-            config.metrics.max_tenant_labels,
-            config.metrics.max_tool_labels,
-        );
         let classify = ClassifyLayer::new()
             .identity(identity)
             .body_limit(config.body_limit)
@@ -99,7 +102,7 @@ impl Control {
             .costs(budget.costs())
             .observers([
                 audit.clone() as Arc<dyn Observer>,
-                Arc::new(CallMetrics) as Arc<dyn Observer>,
+                Arc::new(CallMetrics::new(labels.clone())) as Arc<dyn Observer>,
             ]);
         let control = Control {
             inner: Arc::new(Inner {
@@ -112,6 +115,7 @@ impl Control {
                 idempotency,
                 fifo,
                 audit,
+                labels,
                 last_error: Mutex::new(None),
                 order: Mutex::new(()),
             }),
@@ -130,7 +134,7 @@ impl Control {
                 inner.sessions.observer(),
                 inner.breakers.observer(),
                 inner.audit.clone() as Arc<dyn Observer>,
-                Arc::new(CallMetrics) as Arc<dyn Observer>,
+                Arc::new(CallMetrics::new(inner.labels.clone())) as Arc<dyn Observer>,
             ]))
             .layer(inner.fifo.clone())
             .layer(inner.breakers.layer())
@@ -340,7 +344,7 @@ impl Control {
             config.deadlines.clone(),
             config.classify,
         );
-        metrics::set_label_caps(
+        inner.labels.set_caps(
             config.metrics.max_tenant_labels,
             config.metrics.max_tool_labels,
         );

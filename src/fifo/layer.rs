@@ -36,12 +36,17 @@ impl FifoLimitLayer {
         }
     }
 
-    /// Calls of `tool` use the resource key `key`.
+    /// Calls of `tool` use the resource key `key`. A builder step: the new layer has its own
+    /// tool map (the limiter is shared), so configuring a clone never changes the original.
     pub fn tool_key(self, tool: impl Into<String>, key: impl Into<String>) -> Self {
         let mut keys = HashMap::clone(&self.shared.tool_keys.load());
         keys.insert(tool.into(), key.into());
-        self.shared.tool_keys.store(Arc::new(keys));
-        self
+        FifoLimitLayer {
+            shared: Arc::new(Shared {
+                limiter: self.shared.limiter.clone(),
+                tool_keys: ArcSwap::from_pointee(keys),
+            }),
+        }
     }
 
     /// Replaces the tool-to-key map (a reload).
