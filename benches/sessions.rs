@@ -1,6 +1,6 @@
 //! Per-call cost of the session guard with 1 000, 100 000 and 1 000 000 tracked (accepted)
 //! sessions, calls spread over all of them and one busy session among them:
-//! `cargo bench --bench sessions`.
+//! `cargo bench --bench sessions`. Also the resource key of large arguments.
 
 use std::hint::black_box;
 
@@ -74,5 +74,35 @@ fn busy_session_among(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, guard_per_call, busy_session_among);
+/// The resource key of a call with 4 MiB of arguments and of one with 100 bytes, against
+/// parsing the arguments into a `serde_json::Value` tree (what the guard did before).
+fn resource_key_of_large_arguments(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _enter = rt.enter();
+    let guard = SessionGuard::new(SessionConfig::default()).unwrap();
+    let mut g = c.benchmark_group("resource key");
+    for (name, len) in [("100 B", 100usize), ("4 MiB", 4 << 20)] {
+        let args = format!(r#"{{"query":"{}","top_k":5}}"#, "x".repeat(len));
+        let call = Call::request("tools/call")
+            .with_tool("search")
+            .with_arguments(&args);
+        g.bench_function(BenchmarkId::new("stormgate", name), |b| {
+            b.iter(|| black_box(guard.resource_key(&call)))
+        });
+        g.bench_function(BenchmarkId::new("serde_json::Value tree", name), |b| {
+            b.iter(|| black_box(serde_json::from_str::<serde_json::Value>(&args).unwrap()))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    guard_per_call,
+    busy_session_among,
+    resource_key_of_large_arguments
+);
 criterion_main!(benches);

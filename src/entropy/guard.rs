@@ -498,7 +498,7 @@ impl SessionGuard {
         let mut h = DefaultHasher::new();
         call.method.hash(&mut h);
         call.target().hash(&mut h);
-        if let (Some(tool), Some(args)) = (call.tool.as_deref(), call.arguments())
+        if let (Some(tool), Some(args)) = (call.tool.as_deref(), call.arguments.as_deref())
             && self.inner.switch.mode() != Mode::Off
         {
             let config = self.inner.config.load();

@@ -17,14 +17,15 @@ use serde_json::Value;
 /// Argument bytes read for a resource key at most.
 pub const MAX_HASHED_ARGS: usize = 64 * 1024;
 
-/// Hashes the arguments `args` (JSON text) into `h`: canonically, or by their bounded raw
-/// prefix when too long or not JSON.
-pub(crate) fn hash_arguments(args: &str, pointers: Option<&[String]>, h: &mut DefaultHasher) {
+/// Hashes the arguments `args` (JSON text, not yet checked) into `h`: canonically, or by their
+/// bounded raw prefix when too long or not JSON. Bytes past the bound are never read, not even
+/// to check they are UTF-8.
+pub(crate) fn hash_arguments(args: &[u8], pointers: Option<&[String]>, h: &mut DefaultHasher) {
     if args.len() > MAX_HASHED_ARGS {
         return raw(args, h);
     }
     match pointers {
-        Some(pointers) => match serde_json::from_str::<Value>(args) {
+        Some(pointers) => match serde_json::from_slice::<Value>(args) {
             Ok(value) => {
                 for p in pointers {
                     match value.pointer(p) {
@@ -36,7 +37,7 @@ pub(crate) fn hash_arguments(args: &str, pointers: Option<&[String]>, h: &mut De
             Err(_) => raw(args, h),
         },
         None => {
-            let mut de = serde_json::Deserializer::from_str(args);
+            let mut de = serde_json::Deserializer::from_slice(args);
             match Canonical
                 .deserialize(&mut de)
                 .and_then(|v| de.end().map(|()| v))
@@ -49,9 +50,9 @@ pub(crate) fn hash_arguments(args: &str, pointers: Option<&[String]>, h: &mut De
 }
 
 /// The bounded raw prefix and the length.
-fn raw(args: &str, h: &mut DefaultHasher) {
+fn raw(args: &[u8], h: &mut DefaultHasher) {
     h.write_u8(b'r');
-    h.write(&args.as_bytes()[..args.len().min(MAX_HASHED_ARGS)]);
+    h.write(&args[..args.len().min(MAX_HASHED_ARGS)]);
     h.write_usize(args.len());
 }
 
@@ -197,7 +198,7 @@ mod tests {
 
     fn key(args: &str) -> u64 {
         let mut h = DefaultHasher::new();
-        hash_arguments(args, None, &mut h);
+        hash_arguments(args.as_bytes(), None, &mut h);
         h.finish()
     }
 
