@@ -18,8 +18,8 @@ use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
 
-use crate::budget::Ewma;
 use crate::outcome::{Observation, Observer, Outcome};
+use crate::stats::Ewma;
 
 /// A tool's weight in config: a number, or `"auto"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

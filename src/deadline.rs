@@ -22,7 +22,7 @@ use pin_project_lite::pin_project;
 use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, Sleep};
 
-use crate::outcome::sse::SseParser;
+use crate::sse::SseParser;
 
 /// Per-tool deadlines, in milliseconds in config. Absent: no deadline.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -47,8 +47,8 @@ use crate::fifo::future::ResponseFuture;
 
 use crate::call::{Call, Calls, Meta, Tenant};
 use crate::mcp::verdict::RefusedCalls;
-use crate::outcome::sse::SseParser;
 use crate::policy::{Mode, Switch};
+use crate::sse::SseParser;
 
 /// What to do with a listed tool called without a key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

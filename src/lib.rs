@@ -69,6 +69,8 @@ pub mod metrics;
 pub mod outcome;
 mod policy;
 pub mod rejection;
+mod sse;
+pub mod stats;
 
 pub use call::{Call, CallKind, Calls, RequestId, SessionId, Tenant};
 pub use error::{ConfigError, ControlError};

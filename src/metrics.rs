@@ -269,6 +269,7 @@ impl CallMetrics {
 
 impl Observer for CallMetrics {
     fn observe(&self, o: &Observation<'_>) {
+        ::metrics::counter!(OUTCOMES, "outcome" => o.outcome.as_str()).increment(1);
         let tool = self.labels.tool(o.call.target());
         ::metrics::counter!(
             CALLS,

@@ -32,7 +32,6 @@
 //! ```
 
 mod controller;
-mod ewma;
 mod gcra;
 mod sampler;
 mod shared;
@@ -47,8 +46,8 @@ use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
+pub use crate::stats::Ewma;
 pub use controller::{BASELINE_WARMUP, BudgetConfig, Controller, Health, TickStats};
-pub use ewma::Ewma;
 pub use gcra::{Gcra, gcra_check, interval_for_rate};
 pub use tenant::{DEMAND_HEADROOM, TenantConfig, allocate};
 

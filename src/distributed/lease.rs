@@ -17,7 +17,7 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::budget::Ewma;
+use crate::stats::Ewma;
 
 const REMAINING: u64 = (1 << 40) - 1;
 const EXHAUSTED: u64 = 1 << 40;

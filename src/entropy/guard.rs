@@ -15,12 +15,12 @@ use super::score::{Signals, Tolerances, budget_factor, distress, storm_score};
 use super::window::SessionWindow;
 use crate::admit::{Admission, AdmitLayer};
 use crate::bounded::Bounded;
-use crate::budget::Ewma;
 use crate::call::{Call, SessionId, Tenant};
 use crate::metrics;
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
+use crate::stats::Ewma;
 
 /// The pool of the tenants past `max_tenants`.
 pub const OVERFLOW_SESSION: &str = "~overflow";

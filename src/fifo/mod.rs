@@ -43,8 +43,6 @@ mod outbound;
 mod retry_after;
 mod service;
 
-use std::time::Duration;
-
 pub use body::LeaseBody;
 pub use config::FifoConfig;
 pub use error::AcquireError;
@@ -58,6 +56,4 @@ pub use outbound::{OutboundFuture, OutboundLimit, OutboundLimitLayer};
 pub use retry_after::{parse_retry_after, retry_after_from_error_text};
 pub use service::FifoLimit;
 
-/// Response extension: how long the call waited in a FIFO queue (seed 000 `queueWaitMs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct QueueWait(pub Duration);
+pub use crate::outcome::QueueWait;

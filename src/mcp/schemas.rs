@@ -15,7 +15,7 @@ use pin_project_lite::pin_project;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use crate::outcome::sse::SseParser;
+use crate::sse::SseParser;
 
 /// The `_meta` key of a refusal's data for tools that declare an `outputSchema`.
 pub const META_KEY: &str = "io.stormgate/rejection";

@@ -11,12 +11,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::time::Instant;
 
-use super::sse::SseParser;
 use super::{
     CLIENT_ERROR_CODES, INPUT_VALIDATION_PREFIXES, Observation, Observer, Outcome,
     REQUEST_TIMEOUT_CODE,
 };
 use crate::call::{Call, SessionId};
+use crate::sse::SseParser;
 
 /// The observers every outcome goes to.
 pub(crate) type Observers = Arc<[Arc<dyn Observer>]>;
@@ -48,7 +48,6 @@ impl Pending {
             // Rejected unrun: every stage gives back what it charged.
             call.charges.refund();
         }
-        ::metrics::counter!(crate::metrics::OUTCOMES, "outcome" => outcome.as_str()).increment(1);
         let observation = Observation {
             call,
             outcome,

@@ -22,7 +22,6 @@
 mod body;
 mod layer;
 mod service;
-pub(crate) mod sse;
 
 use std::time::Duration;
 
@@ -30,6 +29,12 @@ pub use layer::OutcomeLayer;
 pub use service::{Observed, ResponseFuture};
 
 use crate::call::Call;
+
+/// Request and response extension: how long the call waited in a FIFO queue (seed 000
+/// `queueWaitMs`). The FIFO layer sets it; the outcome layer reports it in each
+/// [`Observation`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueWait(pub Duration);
 
 /// How a call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -12,8 +12,8 @@ use tower::{BoxError, Service};
 
 use super::Outcome;
 use super::body::{ObservedBody, Observers, Pending, Scan};
-use super::sse::SseParser;
 use crate::call::{Call, Calls, SessionId};
+use crate::sse::SseParser;
 
 /// Reports how each request call ends. Built by [`OutcomeLayer`](super::OutcomeLayer).
 #[derive(Clone)]
@@ -58,7 +58,7 @@ where
             .unwrap_or_default();
         let queue_wait = req
             .extensions()
-            .get::<crate::fifo::QueueWait>()
+            .get::<super::QueueWait>()
             .map_or(std::time::Duration::ZERO, |w| w.0);
         let pending =
             (!calls.is_empty()).then(|| Pending::new(calls, queue_wait, self.observers.clone()));

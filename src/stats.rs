@@ -1,9 +1,10 @@
-//! Exponentially weighted moving average: pure logic, no runtime.
+//! Statistics every stage shares, as a leaf no stage module is imported by: the
+//! exponentially weighted moving average. Pure logic, no runtime.
 
 /// An EWMA of `alpha` in (0, 1]: each sample moves the average `alpha` of the way to it.
 ///
 /// ```
-/// use stormgate::budget::Ewma;
+/// use stormgate::stats::Ewma;
 ///
 /// let mut e = Ewma::new(0.5);
 /// assert_eq!(e.value(), None);

@@ -1,5 +1,5 @@
 //! An incremental Server-Sent Events parser: bytes in, the `data` of each complete event out.
-//! Pure logic: chunks may split lines and events anywhere.
+//! Pure logic (a leaf: it imports no stage): chunks may split lines and events anywhere.
 
 /// Feeds on chunks; yields each event's `data` (its data lines joined with `\n`).
 #[derive(Debug, Default)]
