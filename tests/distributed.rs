@@ -94,7 +94,11 @@ async fn cluster_with_minimum(
     on_failure: FailureMode,
     min_budget: f64,
 ) -> Vec<Node> {
-    let prefix = format!("test-{n}-{window_ms}-{min_budget}");
+    let prefix = if min_budget == 0.0 {
+        format!("test-{n}-{window_ms}")
+    } else {
+        format!("test-{n}-{window_ms}-min{min_budget}")
+    };
     let mut nodes = Vec::new();
     for i in 0..n {
         let config = distributed(url, &prefix, &format!("n{i}"), window_ms, on_failure);
