@@ -178,10 +178,11 @@ async fn python_sdk_2026_07_28_reads_the_error_form() {
         "the modern code, outside the reserved range"
     );
     assert_hint(refusal["message"].as_str().unwrap(), &refusal["data"]);
-    // Not asserted: client B. Without `Mcp-Session-Id` (2026-07-28 has none) the identity
-    // ladder tells clients apart by their declared info and IP address; A and B are the same
-    // SDK on the same host and open a new connection for most requests, so nothing tells them
-    // apart and B is refused for A's storm unless they send a `session_meta_key`.
+    // Without `Mcp-Session-Id` (2026-07-28 has none) the identity ladder tells the two agents
+    // apart by the names they declare (same host, and the SDK opens a new connection for most
+    // requests): B is not refused for A's storm. Two instances declaring the same name from one
+    // host would be one session unless they send a `session_meta_key`.
+    assert_eq!(report["other_client"]["ok"], true, "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,7 @@
 
 usage: python_client.py URL MODE    (MODE: "legacy" or a modern revision such as "2026-07-28")
 
-Two independent clients A and B connect. A lists the tools and calls each once, then storms
+Two independent clients A and B (two agents, declaring different names) connect. A lists the tools and calls each once, then storms
 `cache_get` until it is refused; the report says what the SDK surfaced (exception type, code,
 message, data; or the tool result's text and structured content). B then calls once; then A
 waits the retry hint and calls again.
@@ -15,6 +15,7 @@ import sys
 
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from mcp_types import Implementation
 
 ARGS = {
     "cache_get": {"key": "k"},
@@ -52,7 +53,12 @@ async def call(client, name, args):
 
 async def main(url, mode):
     report = {"mode": mode}
-    async with Client(url, mode=mode) as a, Client(url, mode=mode) as b:
+    # Two different agents: they declare different names, the only thing that tells them apart
+    # on the session-less protocol (2026-07-28) when they run on one host.
+    info = lambda name: Implementation(name=name, version="1.0")
+    async with Client(url, mode=mode, client_info=info("agent-a")) as a, Client(
+        url, mode=mode, client_info=info("agent-b")
+    ) as b:
         tools = await a.list_tools()
         report["tools"] = sorted(t.name for t in tools.tools)
         report["calls"] = {t: await call(a, t, ARGS.get(t, {})) for t in report["tools"]}
