@@ -3,12 +3,12 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use dashmap::DashMap;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::bounded::Bounded;
 use crate::call::{Call, SessionId, bounded};
 use crate::entropy::SessionGuard;
 use crate::outcome::{Observation, Observer};
@@ -45,13 +45,28 @@ pub struct Invocation {
 /// sessions the guard tracks, the ones the MCP server accepted, so ids a client makes up
 /// never take its places, and it forgets a session when the guard does. Names are kept as
 /// the session ids are: up to 128 bytes, longer ones as a 17-byte hash.
-#[derive(Debug)]
 pub struct Audit {
     epoch: Instant,
-    sessions: DashMap<SessionId, Mutex<VecDeque<Invocation>>>,
+    /// Each session's log, by a keyed hash of its id (the id kept in the log, for the sweep).
+    sessions: Bounded<Arc<Log>>,
     guard: Option<SessionGuard>,
     /// When the audit last forgot the sessions the guard no longer tracks (ms since epoch).
     swept_ms: AtomicU64,
+}
+
+/// One session's recent calls.
+struct Log {
+    session: SessionId,
+    calls: Mutex<VecDeque<Invocation>>,
+}
+
+impl std::fmt::Debug for Audit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Audit")
+            .field("sessions", &self.sessions.len())
+            .field("following", &self.guard.is_some())
+            .finish()
+    }
 }
 
 impl Default for Audit {
@@ -59,7 +74,7 @@ impl Default for Audit {
     fn default() -> Self {
         Audit {
             epoch: Instant::now(),
-            sessions: DashMap::new(),
+            sessions: Bounded::new(),
             guard: None,
             swept_ms: AtomicU64::new(0),
         }
@@ -85,18 +100,29 @@ impl Audit {
         {
             return;
         }
-        if !self.sessions.contains_key(&call.session) && self.sessions.len() >= AUDIT_MAX_SESSIONS {
-            self.sweep();
-            if self.sessions.len() >= AUDIT_MAX_SESSIONS {
-                return;
-            }
+        let key = self.sessions.key(call.session.as_str());
+        let make = || {
+            Arc::new(Log {
+                session: call.session.clone(),
+                calls: Mutex::new(VecDeque::new()),
+            })
+        };
+        // Full: forget the sessions the guard no longer tracks, then try once more.
+        let Some(log) = self
+            .sessions
+            .get_or_insert(key, AUDIT_MAX_SESSIONS, make)
+            .or_else(|| {
+                self.sweep();
+                self.sessions.get_or_insert(key, AUDIT_MAX_SESSIONS, make)
+            })
+        else {
+            return;
+        };
+        let mut calls = log.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        if calls.len() == AUDIT_PER_SESSION {
+            calls.pop_front();
         }
-        let log = self.sessions.entry(call.session.clone()).or_default();
-        let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
-        if log.len() == AUDIT_PER_SESSION {
-            log.pop_front();
-        }
-        log.push_back(entry);
+        calls.push_back(entry);
     }
 
     /// Forgets the sessions the guard no longer tracks, at most once a second.
@@ -114,7 +140,7 @@ impl Audit {
         {
             return;
         }
-        self.sessions.retain(|id, _| guard.is_tracked(id));
+        self.sessions.retain(|log| guard.is_tracked(&log.session));
     }
 
     /// Sessions audited now.
@@ -141,8 +167,10 @@ impl Audit {
 
     /// The recent calls of a session, oldest first.
     pub fn invocations(&self, session: &SessionId) -> Vec<Invocation> {
-        self.sessions.get(session).map_or_else(Vec::new, |log| {
-            log.lock()
+        let key = self.sessions.key(session.as_str());
+        self.sessions.get(key).map_or_else(Vec::new, |log| {
+            log.calls
+                .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .iter()
                 .cloned()
