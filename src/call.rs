@@ -300,11 +300,6 @@ impl Calls {
         self.calls.iter()
     }
 
-    /// Mutable access, for layers that refine a call (for example its cost).
-    pub fn iter_mut(&mut self) -> std::slice::IterMut<'_, Call> {
-        self.calls.iter_mut()
-    }
-
     /// How many messages the body holds.
     pub fn len(&self) -> usize {
         self.calls.len()

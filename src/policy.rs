@@ -133,7 +133,18 @@ impl Switch {
         self.0.load().mode
     }
 
-    pub(crate) fn store(&self, policy: Policy) {
+    /// Sets the policy: the next request of every stage following this switch sees it. For
+    /// stacks built stage by stage; a [`Control`](crate::control::Control) flips its own switch
+    /// through `set_mode` and reloads, so that its configuration stays in step.
+    ///
+    /// ```
+    /// use stormgate::control::{Mode, Policy, Switch};
+    ///
+    /// let switch = Switch::default();
+    /// switch.set(Policy { mode: Mode::Off, ..Policy::default() });
+    /// assert_eq!(switch.mode(), Mode::Off);
+    /// ```
+    pub fn set(&self, policy: Policy) {
         self.0.store(Arc::new(policy));
     }
 }

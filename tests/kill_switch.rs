@@ -239,3 +239,31 @@ async fn a_batch_gets_the_servers_own_answer_in_every_mode() {
         "{answers:?}"
     );
 }
+
+/// A stack built stage by stage, without a `Control`, is flipped through its own switch.
+#[tokio::test(start_paused = true)]
+async fn a_switch_of_your_own_flips_the_stages_that_follow_it() {
+    use stormgate::admit::Admission;
+    use stormgate::control::{Policy, Switch};
+    use stormgate::entropy::{SessionConfig, SessionGuard};
+    let switch = Switch::default();
+    let guard = SessionGuard::with_switch(
+        SessionConfig {
+            base_budget: 1.0,
+            burst: 1.0,
+            ..SessionConfig::default()
+        },
+        switch.clone(),
+    )
+    .unwrap();
+    let call = Call::request("tools/call").with_tool("search");
+    let admitted = |n| (0..n).filter(|_| guard.admit(&call).is_ok()).count();
+    assert_eq!(admitted(5), 1, "adaptive: a bucket of one");
+    switch.set(Policy {
+        mode: Mode::Off,
+        ..Policy::default()
+    });
+    assert_eq!(admitted(5), 5, "off: nothing refused");
+    switch.set(Policy::default());
+    assert_eq!(admitted(5), 0, "adaptive again: the bucket is still empty");
+}

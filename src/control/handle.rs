@@ -234,7 +234,7 @@ impl Control {
         let (_order, running) = self.ordered();
         let mut config = Config::clone(&running);
         config.mode = mode;
-        self.inner.switch.store(config.policy());
+        self.inner.switch.set(config.policy());
         self.inner.config.store(Arc::new(config));
         self.apply_policy();
         tracing::info!(%source, from = running.mode.as_str(), to = mode.as_str(), "mode set");
@@ -348,7 +348,7 @@ impl Control {
             config.metrics.max_tenant_labels,
             config.metrics.max_tool_labels,
         );
-        inner.switch.store(config.policy());
+        inner.switch.set(config.policy());
         inner.config.store(Arc::new(config));
         self.apply_policy();
     }
