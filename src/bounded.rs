@@ -100,7 +100,10 @@ mod tests {
         #[test]
         fn holds_the_cap_and_never_evicts(
             cap in 1usize..20,
-            keys in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..2000), 0..100),
+            keys in proptest::collection::vec(
+                proptest::collection::vec(any::<u8>(), 0..2000),
+                0..100,
+            ),
         ) {
             let store: Bounded<usize> = Bounded::new();
             let mut reference: Vec<Vec<u8>> = Vec::new();

@@ -1,8 +1,8 @@
 //! Metric names, in one place. Emitted through the [`metrics`] facade, so any recorder works;
 //! [`prometheus_builder`] sets up `metrics-exporter-prometheus` the way the dashboards expect.
 //!
-//! Label cardinality is bounded by construction: tenant and tool labels are capped (past
-//! [`set_label_caps`]'s counts, new values are reported as `other`), and session ids appear only
+//! Label cardinality is bounded by construction: tenant and tool labels are capped per stack
+//! (past a [`Labels`]' caps, new values are reported as `other`), and session ids appear only
 //! in the top-N session gauges, which stop being updated when a session leaves the top N and
 //! are then dropped by the exporter's idle timeout.
 //!

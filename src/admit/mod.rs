@@ -2,9 +2,9 @@
 //!
 //! An [`Admission`] decides, for each request [`Call`](crate::Call) of a classified body, to
 //! admit it (returning a permit, kept in the call's [`Charges`](crate::charges::Charges)) or
-//! to refuse it with a [`Rejection`](crate::Rejection). [`AdmitLayer`] applies it and owns everything the
-//! rejection contract requires, so every non-waiting stage of stormgate (and yours) is just an
-//! `Admission`:
+//! to refuse it with a [`Rejection`](crate::Rejection). [`AdmitLayer`] applies it and owns
+//! everything the rejection contract requires, so every non-waiting stage of stormgate (and
+//! yours) is just an `Admission`:
 //!
 //! * a refused call never reaches the inner service: nothing half-executed;
 //! * a single refused request is answered at once: HTTP 200, a JSON-RPC error echoing its id,
