@@ -488,14 +488,14 @@ pub const MAX_ID_LEN: usize = 128;
 /// `id` as stored: as it is up to [`MAX_ID_LEN`] bytes, else `~` and a 64-bit hash of it (so a
 /// megabyte of `Mcp-Session-Id` costs 17 bytes wherever the id is kept or logged, and long
 /// ids stay apart).
-pub(crate) fn bounded(id: &str) -> Arc<str> {
+pub(crate) fn bounded(id: &str) -> Cow<'_, str> {
     if id.len() <= MAX_ID_LEN {
-        return Arc::from(id);
+        return Cow::Borrowed(id);
     }
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     id.hash(&mut h);
-    Arc::from(format!("~{:016x}", h.finish()))
+    Cow::Owned(format!("~{:016x}", h.finish()))
 }
 
 #[cfg(test)]

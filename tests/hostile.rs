@@ -34,6 +34,21 @@ fn refused(msg: &Value) -> bool {
     msg["error"]["data"]["notProcessed"] == true
 }
 
+/// Sends `req` without waiting for its answer.
+fn spawn_call(router: &axum::Router, req: Request<Body>) -> tokio::task::JoinHandle<Value> {
+    let r = router.clone();
+    tokio::spawn(async move { message(r.oneshot(req).await.unwrap()).await.0 })
+}
+
+/// How many of these calls were not refused.
+async fn admitted(calls: Vec<tokio::task::JoinHandle<Value>>) -> usize {
+    let mut admitted = 0;
+    for c in calls {
+        admitted += usize::from(!refused(&c.await.unwrap()));
+    }
+    admitted
+}
+
 /// Calls the server rejects without running them (a batch it does not take, calls on a session
 /// it never issued) are given back every charge: afterwards a real session still has the whole
 /// global budget and its own budget.
@@ -106,20 +121,13 @@ async fn runaway(fresh_session_per_call: bool) -> usize {
             sid = session(&router).await;
         }
         let args = json!({"table": format!("t{}", i % 97), "filter": format!("id > {i}")});
-        let req = tool_call(&sid, 1000 + i, "sql_scan", args);
-        let r = router.clone();
-        calls.push(tokio::spawn(async move {
-            message(r.oneshot(req).await.unwrap()).await.0
-        }));
+        calls.push(spawn_call(
+            &router,
+            tool_call(&sid, 1000 + i, "sql_scan", args),
+        ));
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    let mut admitted = 0;
-    for c in calls {
-        if !refused(&c.await.unwrap()) {
-            admitted += 1;
-        }
-    }
-    admitted
+    admitted(calls).await
 }
 
 /// Re-initializing before every call buys a runaway nothing: a new session's first calls are
@@ -316,19 +324,10 @@ async fn session_less_runaway(fresh_id_per_call: bool) -> usize {
             "run".into()
         };
         let req = post(run, 1000 + i, format!("t{}", i % 97), format!("id > {i}"));
-        let r = router.clone();
-        calls.push(tokio::spawn(async move {
-            message(r.oneshot(req).await.unwrap()).await.0
-        }));
+        calls.push(spawn_call(&router, req));
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    let mut admitted = 0;
-    for c in calls {
-        if !refused(&c.await.unwrap()) {
-            admitted += 1;
-        }
-    }
-    admitted
+    admitted(calls).await
 }
 
 /// A self-declared identity varied per call is no better off than one kept.

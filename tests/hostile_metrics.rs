@@ -36,31 +36,27 @@ async fn ten_thousand_tool_names_leave_the_scrape_bounded() {
     let config = Config::from_toml(include_str!("../examples/stormgate.toml")).unwrap();
     let (router, _control) = app::protected(app::Backend::new(), config).unwrap();
     let sid = session(&router).await;
-    let send = |i: usize, session: String| {
+    // One call in ten has a 256 KiB name; every other one is on a made-up session.
+    let send = |i: usize| {
         let name = if i.is_multiple_of(10) {
             format!("{i}-{}", "x".repeat(256 * 1024))
         } else {
             format!("tool-{i}")
         };
-        tool_call(&session, i, &name, json!({}))
+        let on = if i.is_multiple_of(2) {
+            sid.clone()
+        } else {
+            format!("made-up-{i}")
+        };
+        tool_call(&on, i, &name, json!({}))
     };
     // A few hundred names first: what the scrape holds once every cap is reached.
-    for i in 0..300usize {
-        let s = if i.is_multiple_of(2) {
-            sid.clone()
-        } else {
-            format!("made-up-{i}")
-        };
-        body_bytes(router.clone().oneshot(send(i, s)).await.unwrap()).await;
-    }
-    let early = handle.render().len();
-    for i in 300..10_000usize {
-        let s = if i.is_multiple_of(2) {
-            sid.clone()
-        } else {
-            format!("made-up-{i}")
-        };
-        body_bytes(router.clone().oneshot(send(i, s)).await.unwrap()).await;
+    let mut early = 0;
+    for i in 0..10_000usize {
+        if i == 300 {
+            early = handle.render().len();
+        }
+        body_bytes(router.clone().oneshot(send(i)).await.unwrap()).await;
     }
     let scrape = handle.render();
     assert!(

@@ -156,8 +156,8 @@ impl Audit {
     fn entry(&self, call: &Call) -> Invocation {
         Invocation {
             at_ms: ms(self.epoch.elapsed()),
-            method: call.method.as_deref().map(|m| bounded(m).to_string()),
-            target: call.target().map(|t| bounded(t).to_string()),
+            method: call.method.as_deref().map(|m| bounded(m).into_owned()),
+            target: call.target().map(|t| bounded(t).into_owned()),
             outcome: None,
             rejection: None,
             queue_wait_ms: 0,
