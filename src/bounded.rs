@@ -18,6 +18,14 @@ pub(crate) struct Bounded<V> {
     keys: RandomState,
 }
 
+impl<V> std::fmt::Debug for Bounded<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bounded")
+            .field("len", &self.map.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<V: Clone> Bounded<V> {
     /// An empty store with a fresh random key.
     pub(crate) fn new() -> Self {

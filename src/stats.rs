@@ -1,5 +1,8 @@
 //! Statistics every stage shares, as a leaf no stage module is imported by: the
-//! exponentially weighted moving average. Pure logic, no runtime.
+//! exponentially weighted moving average and the healthy-latency baseline that does not creep.
+//! Pure logic, no runtime.
+
+use std::time::Duration;
 
 /// An EWMA of `alpha` in (0, 1]: each sample moves the average `alpha` of the way to it.
 ///
@@ -56,6 +59,75 @@ impl Ewma {
     }
 }
 
+/// Periods of a [`Baseline`].
+pub const BASELINE_PERIOD: Duration = Duration::from_secs(10);
+/// How many periods with samples a [`Baseline`] remembers: a change of latency becomes the
+/// new normal only once it has lasted this many periods (one minute).
+pub const BASELINE_PERIODS: usize = 6;
+
+/// A tool's healthy latency that does not creep: the **minimum of the mean service times of
+/// the last [`BASELINE_PERIODS`] periods** of [`BASELINE_PERIOD`] that had samples (the one in
+/// progress included), like the minimum-RTT estimators of Netflix's concurrency-limits
+/// (Vegas) and Envoy's adaptive concurrency. A slowdown, sudden or drifting, reads as a
+/// slowdown for a whole minute; only one that lasts longer becomes the baseline. A tool
+/// called rarely keeps what it learned (periods without samples are skipped, not counted as
+/// fast or slow). Feed it only calls that were not held back (no queue wait, no failure).
+///
+/// ```
+/// use std::time::Duration;
+/// use stormgate::stats::Baseline;
+///
+/// let mut b = Baseline::default();
+/// let near = |v: Option<f64>, x: f64| (v.unwrap() - x).abs() < 1e-9;
+/// for s in 0..10 {
+///     b.record(Duration::from_secs(s), 0.2); // a healthy first period
+/// }
+/// assert!(near(b.value(), 0.2));
+/// // A drift from 0.2 s to 0.9 s over the next 40 s does not move it.
+/// for s in 10..=50 {
+///     b.record(Duration::from_secs(s), 0.2 + 0.7 * (s - 10) as f64 / 40.0);
+/// }
+/// assert!(near(b.value(), 0.2));
+/// // Once slow for a whole minute, the new latency is the norm.
+/// for s in 51..=120 {
+///     b.record(Duration::from_secs(s), 0.9);
+/// }
+/// assert!(near(b.value(), 0.9));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Baseline {
+    /// Means of the last completed periods that had samples, oldest first.
+    done: std::collections::VecDeque<f64>,
+    /// The period in progress: its index, sum and count.
+    period: u64,
+    sum: f64,
+    count: u64,
+}
+
+impl Baseline {
+    /// Folds in one healthy service time in seconds, seen at `now` (any monotonic clock).
+    pub fn record(&mut self, now: Duration, secs: f64) {
+        let period = (now.as_nanos() / BASELINE_PERIOD.as_nanos()) as u64;
+        if period != self.period {
+            if self.count > 0 {
+                if self.done.len() == BASELINE_PERIODS - 1 {
+                    self.done.pop_front();
+                }
+                self.done.push_back(self.sum / self.count as f64);
+            }
+            (self.period, self.sum, self.count) = (period, 0.0, 0);
+        }
+        self.sum += secs;
+        self.count += 1;
+    }
+
+    /// The baseline in seconds, `None` before any sample.
+    pub fn value(&self) -> Option<f64> {
+        let current = (self.count > 0).then(|| self.sum / self.count as f64);
+        self.done.iter().copied().chain(current).reduce(f64::min)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,7 +144,43 @@ mod tests {
         total
     }
 
+    /// Every sample kept: the mean of each period with samples, the minimum of the last few.
+    fn naive_baseline(samples: &[(u64, f64)]) -> Option<f64> {
+        let mut periods: Vec<(u64, f64, u64)> = Vec::new();
+        for &(ms, x) in samples {
+            let p = ms / BASELINE_PERIOD.as_millis() as u64;
+            match periods.last_mut() {
+                Some(last) if last.0 == p => {
+                    last.1 += x;
+                    last.2 += 1;
+                }
+                _ => periods.push((p, x, 1)),
+            }
+        }
+        let keep = periods.len().saturating_sub(BASELINE_PERIODS);
+        periods[keep..]
+            .iter()
+            .map(|(_, sum, n)| sum / *n as f64)
+            .reduce(f64::min)
+    }
+
     proptest! {
+        #[test]
+        fn the_baseline_is_the_minimum_of_recent_period_means(
+            steps in proptest::collection::vec((0u64..15_000, 0.001f64..10.0), 1..200),
+        ) {
+            let mut b = Baseline::default();
+            let mut at = 0;
+            let mut samples = Vec::new();
+            for (dt, x) in steps {
+                at += dt;
+                b.record(Duration::from_millis(at), x);
+                samples.push((at, x));
+                let (got, want) = (b.value().unwrap(), naive_baseline(&samples).unwrap());
+                prop_assert!((got - want).abs() <= 1e-9 * want, "{got} vs {want}");
+            }
+        }
+
         #[test]
         fn matches_the_closed_form(
             alpha in 0.01f64..=1.0,

@@ -16,7 +16,7 @@ use stormgate::breaker::{BreakerConfig, BreakerState, CircuitBreakers};
 use stormgate::control::Config;
 use stormgate::fifo::ResourceLimits;
 use stormgate::outcome::{Observation, Observer, Outcome};
-use stormgate::{Call, Reason, Scope};
+use stormgate::{Call, Reason, Scope, SessionId};
 use tower::ServiceExt;
 
 fn breakers() -> CircuitBreakers {
@@ -29,8 +29,11 @@ fn breakers() -> CircuitBreakers {
     .unwrap()
 }
 
-fn ran(b: &CircuitBreakers, tool: &str, outcome: Outcome) {
-    let call = Call::request("tools/call").with_tool(tool);
+/// A call of `tool` by client `client` (its session) ended with `outcome`.
+fn ran(b: &CircuitBreakers, tool: &str, outcome: Outcome, client: usize) {
+    let call = Call::request("tools/call")
+        .with_tool(tool)
+        .with_session(SessionId::new(format!("client-{client}")));
     b.observe(&Observation {
         call: &call,
         outcome,
@@ -46,9 +49,9 @@ async fn opens_refuses_probes_closes_and_reopens_per_tool() {
     let search = Call::request("tools/call").with_tool("search");
     let sql = Call::request("tools/call").with_tool("sql");
     let other = Call::request("tools/call").with_tool("cache");
-    for _ in 0..10 {
+    for i in 0..10 {
         b.admit(&search).unwrap();
-        ran(&b, "search", Outcome::Error);
+        ran(&b, "search", Outcome::Error, i % 2);
     }
     assert!(matches!(b.state("search"), Some(BreakerState::Open { .. })));
     let err = b.admit(&search).unwrap_err();
@@ -76,17 +79,17 @@ async fn opens_refuses_probes_closes_and_reopens_per_tool() {
     let probes: Vec<_> = (0..2).map(|_| b.admit(&search).unwrap()).collect();
     assert!(b.admit(&search).is_err(), "a third call is not a probe");
     drop(probes);
-    ran(&b, "search", Outcome::Ok);
-    ran(&b, "search", Outcome::Ok);
+    ran(&b, "search", Outcome::Ok, 0);
+    ran(&b, "search", Outcome::Ok, 1);
     assert_eq!(b.state("search"), Some(BreakerState::Closed));
 
     // Open again; a failed probe reopens it for the whole wait.
-    for _ in 0..10 {
-        ran(&b, "search", Outcome::Timeout);
+    for i in 0..10 {
+        ran(&b, "search", Outcome::Timeout, i % 3);
     }
     tokio::time::advance(Duration::from_secs(10)).await;
     b.admit(&search).unwrap();
-    ran(&b, "search", Outcome::Error);
+    ran(&b, "search", Outcome::Error, 0);
     assert_eq!(
         b.admit(&search).unwrap_err().retry_after(),
         Duration::from_secs(10)
@@ -97,8 +100,8 @@ async fn opens_refuses_probes_closes_and_reopens_per_tool() {
 async fn a_probe_refused_downstream_gives_its_place_back() {
     let b = breakers();
     let search = Call::request("tools/call").with_tool("search");
-    for _ in 0..10 {
-        ran(&b, "search", Outcome::Error);
+    for i in 0..10 {
+        ran(&b, "search", Outcome::Error, i % 2);
     }
     tokio::time::advance(Duration::from_secs(10)).await;
     let first = b.admit(&search).unwrap();
@@ -139,4 +142,20 @@ async fn stormgate_refusals_never_count_as_the_tools_failures() {
         control.breakers().state("sql_scan"),
         Some(BreakerState::Closed)
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_clients_failures_do_not_open_the_breaker_for_everyone() {
+    let b = breakers();
+    for _ in 0..100 {
+        ran(&b, "search", Outcome::Error, 0);
+    }
+    assert_eq!(b.state("search"), Some(BreakerState::Closed));
+    let other = Call::request("tools/call")
+        .with_tool("search")
+        .with_session(SessionId::new("client-1"));
+    assert!(b.admit(&other).is_ok());
+    // Failures from a second client too: the tool is failing, not the client.
+    ran(&b, "search", Outcome::Error, 1);
+    assert!(matches!(b.state("search"), Some(BreakerState::Open { .. })));
 }

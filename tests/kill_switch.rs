@@ -45,8 +45,8 @@ fn config(stage: Stage) -> Config {
         }
         Stage::Breaker => {
             c.breaker.tools.insert("sql_scan".into());
-            c.breaker.window_calls = 1;
-            c.breaker.min_calls = 1;
+            c.breaker.window_calls = 2;
+            c.breaker.min_calls = 2;
         }
         Stage::Fifo => {
             c.fifo.keys.insert(
@@ -68,16 +68,21 @@ fn config(stage: Stage) -> Config {
     c
 }
 
-/// Tells the breakers of one backend failure of `sql_scan`.
+/// Tells the breakers of a backend failure of `sql_scan` seen by each of two clients (two
+/// tenants: one client's failures never open a breaker).
 fn fail_sql_scan(control: &stormgate::control::Control) {
-    let failed = Call::request("tools/call").with_tool("sql_scan");
-    control.breakers().observe(&Observation {
-        call: &failed,
-        outcome: Outcome::Error,
-        service_time: Duration::from_millis(1),
-        response_bytes: 0,
-        queue_wait: Duration::ZERO,
-    });
+    for tenant in ["a", "b"] {
+        let failed = Call::request("tools/call")
+            .with_tool("sql_scan")
+            .with_tenant(stormgate::Tenant::new(tenant));
+        control.breakers().observe(&Observation {
+            call: &failed,
+            outcome: Outcome::Error,
+            service_time: Duration::from_millis(1),
+            response_bytes: 0,
+            queue_wait: Duration::ZERO,
+        });
+    }
 }
 
 /// What an answer refused, if anything: the contract's reason, or the idempotency error.

@@ -26,10 +26,11 @@ use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-pub use state::{Breaker, BreakerState};
+pub use state::{Breaker, BreakerState, MIN_FAILING_CLIENTS};
 
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::Call;
+use crate::entropy::SessionGuard;
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
@@ -76,10 +77,11 @@ impl Default for BreakerConfig {
 impl BreakerConfig {
     /// Checks every rule; the error names the field and the rule.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.window_calls == 0 {
+        if self.window_calls < MIN_FAILING_CLIENTS {
+            // A window of one call holds one client: the breaker could never open.
             return Err(ConfigError::new(
                 "breaker.window_calls",
-                "must be at least 1",
+                "must be at least 2 (a breaker opens on the failures of two clients)",
             ));
         }
         if self.min_calls == 0 || self.min_calls > self.window_calls {
@@ -129,6 +131,10 @@ struct Inner {
     switch: Switch,
     config: ArcSwap<BreakerConfig>,
     breakers: DashMap<String, Arc<Mutex<Breaker>>>,
+    /// Who a call's client is (see [`CircuitBreakers::following`]).
+    sessions: std::sync::OnceLock<SessionGuard>,
+    /// Keys of session ids when no guard is followed.
+    keys: std::hash::RandomState,
 }
 
 impl std::fmt::Debug for CircuitBreakers {
@@ -163,8 +169,20 @@ impl CircuitBreakers {
                 switch,
                 config: ArcSwap::from_pointee(config),
                 breakers: DashMap::new(),
+                sessions: std::sync::OnceLock::new(),
+                keys: std::hash::RandomState::new(),
             }),
         })
+    }
+
+    /// Counts clients as `sessions` judges them: a session the MCP server accepted is one
+    /// client, every other id of a tenant together one more (ids made up per call are one
+    /// client). Without it each session id is a client. A breaker opens only on the failures
+    /// of [`MIN_FAILING_CLIENTS`] clients. Set once; [`Control`](crate::control::Control)
+    /// sets it.
+    pub fn following(self, sessions: SessionGuard) -> Self {
+        let _ = self.inner.sessions.set(sessions);
+        self
     }
 
     /// Takes new settings; every breaker keeps its state and window.
@@ -249,10 +267,16 @@ impl Observer for CircuitBreakers {
         };
         let config = self.inner.config.load();
         let slow = o.service_time >= config.slow_call;
+        let client = match self.inner.sessions.get() {
+            Some(guard) => guard.judged_as(o.call),
+            None => {
+                use std::hash::BuildHasher;
+                self.inner.keys.hash_one(o.call.session.as_str())
+            }
+        };
         lock(&breaker).record(
             self.inner.epoch.elapsed(),
-            o.outcome.is_failure(),
-            slow,
+            (o.outcome.is_failure(), slow, client),
             &config,
         );
     }

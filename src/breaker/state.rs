@@ -24,13 +24,16 @@ pub enum BreakerState {
     },
 }
 
+/// Clients whose failures a closed breaker needs before it opens.
+pub const MIN_FAILING_CLIENTS: usize = 2;
+
 /// One breaker: a count-based sliding window of outcomes and the state machine of seed 002
 /// (closed, open, half-open with a limited number of probes).
 #[derive(Debug, Clone)]
 pub struct Breaker {
     state: BreakerState,
-    /// The last `window_calls` outcomes: (failed, slow).
-    window: VecDeque<(bool, bool)>,
+    /// The last `window_calls` outcomes: (failed, slow, client).
+    window: VecDeque<(bool, bool, u64)>,
 }
 
 impl Default for Breaker {
@@ -81,8 +84,16 @@ impl Breaker {
         }
     }
 
-    /// Records how a call that ran ended.
-    pub fn record(&mut self, now: Duration, failed: bool, slow: bool, config: &BreakerConfig) {
+    /// Records how a call of `client` (see
+    /// [`SessionGuard::judged_as`](crate::entropy::SessionGuard::judged_as)) that ran ended.
+    /// A closed breaker opens only on failures (or slow calls) of at least
+    /// [`MIN_FAILING_CLIENTS`] clients: one client's bad calls cannot open it for everyone.
+    pub fn record(
+        &mut self,
+        now: Duration,
+        (failed, slow, client): (bool, bool, u64),
+        config: &BreakerConfig,
+    ) {
         match self.state {
             BreakerState::Open { .. } => {} // a late answer from before it opened
             BreakerState::HalfOpen {
@@ -105,12 +116,17 @@ impl Breaker {
                 if self.window.len() == config.window_calls {
                     self.window.pop_front();
                 }
-                self.window.push_back((failed, slow));
+                self.window.push_back((failed, slow, client));
                 let n = self.window.len();
                 if n >= config.min_calls {
                     let failures = self.window.iter().filter(|w| w.0).count() as f64 / n as f64;
                     let slows = self.window.iter().filter(|w| w.1).count() as f64 / n as f64;
-                    if failures >= config.failure_rate || slows >= config.slow_rate {
+                    let mut bad = self.window.iter().filter(|w| w.0 || w.1).map(|w| w.2);
+                    let first = bad.next();
+                    let clients = first.map_or(0, |f| 1 + usize::from(bad.any(|c| c != f)));
+                    if (failures >= config.failure_rate || slows >= config.slow_rate)
+                        && clients >= MIN_FAILING_CLIENTS
+                    {
                         self.open(now, config);
                     }
                 }
@@ -141,25 +157,25 @@ mod tests {
         // Nine failures: under min_calls (10), still closed.
         for _ in 0..9 {
             assert_eq!(b.try_admit(s(0), &c), Ok(false));
-            b.record(s(0), true, false, &c);
+            b.record(s(0), (true, false, 1), &c);
         }
         assert_eq!(b.state(), BreakerState::Closed);
-        b.record(s(1), true, false, &c);
+        b.record(s(1), (true, false, 2), &c);
         assert_eq!(b.state(), BreakerState::Open { until: s(11) });
         assert_eq!(b.try_admit(s(4), &c), Err(s(7)));
         // Half-open at 11 s: exactly two probes.
         assert_eq!(b.try_admit(s(11), &c), Ok(true));
         assert_eq!(b.try_admit(s(11), &c), Ok(true));
         assert_eq!(b.try_admit(s(11), &c), Err(c.slow_call));
-        b.record(s(12), false, false, &c);
-        b.record(s(12), false, false, &c);
+        b.record(s(12), (false, false, 1), &c);
+        b.record(s(12), (false, false, 1), &c);
         assert_eq!(b.state(), BreakerState::Closed);
         // A failed probe reopens.
-        for _ in 0..10 {
-            b.record(s(20), true, false, &c);
+        for i in 0..10 {
+            b.record(s(20), (true, false, i % 2), &c);
         }
         assert_eq!(b.try_admit(s(30), &c), Ok(true));
-        b.record(s(30), true, false, &c);
+        b.record(s(30), (true, false, 1), &c);
         assert_eq!(b.state(), BreakerState::Open { until: s(40) });
     }
 
@@ -171,8 +187,21 @@ mod tests {
         };
         let mut b = Breaker::default();
         for i in 0..10 {
-            b.record(s(0), false, i % 2 == 0, &c);
+            b.record(s(0), (false, i % 2 == 0, i % 4), &c);
         }
+        assert!(matches!(b.state(), BreakerState::Open { .. }));
+    }
+
+    #[test]
+    fn one_clients_failures_never_open_it() {
+        let c = BreakerConfig::default();
+        let mut b = Breaker::default();
+        for _ in 0..100 {
+            b.record(s(0), (true, false, 7), &c);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        // A second client failing once beside them is enough.
+        b.record(s(0), (true, false, 8), &c);
         assert!(matches!(b.state(), BreakerState::Open { .. }));
     }
 }

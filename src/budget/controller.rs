@@ -4,21 +4,29 @@
 //!  every sample_interval (100 ms):       smoothed with EWMA(alpha)        decide
 //!  ┌──────────────────────────┐      ┌────────────────────────────┐   ┌───────────────────────┐
 //!  │ admitted cost/s          │ ───► │ rate, in-flight,           │──►│ unhealthy: budget =    │
-//!  │ in-flight calls          │      │ error rate, p99            │   │  max(floor, budget*df) │
-//!  │ error rate (this tick)   │      └────────────────────────────┘   │ healthy k-th tick in a │
-//!  │ p99 service time         │   unhealthy = p99 > target_p99        │  row, k >= recover_    │
-//!  └──────────────────────────┘     (or tolerance x healthy baseline) │  after: budget +=      │
-//!                                   or error rate > max_error_rate    │  recover_step, <= stable│
+//!  │ in-flight calls          │      │ failed share, slow share   │   │  max(floor, budget*df) │
+//!  │ the median client's      │      └────────────────────────────┘   │ healthy k-th tick in a │
+//!  │  failed and slow shares  │   unhealthy = slow share >            │  row, k >= recover_    │
+//!  │ p99 (shown, not judged)  │     max_slow_rate or failed share >   │  after: budget +=      │
+//!  └──────────────────────────┘     max_error_rate                    │  recover_step, <= stable│
 //!                                                                     └───────────────────────┘
 //! ```
 //!
-//! The latency baseline is the mean of the first 20 ticks with finished calls at the stable
-//! budget, then a slow EWMA of them; the latency rule waits for those 20 ticks. With tools of
-//! very different latency in one backend, prefer an explicit `target_p99`.
+//! Health is judged per call and aggregated per client: a call is slow when it took longer
+//! than its *tool's* healthy latency allows (`latency_tolerance` x the tool's
+//! [`Baseline`](crate::stats::Baseline), and at least `latency_floor` over it), or than
+//! `target_p99` when that is set; a failure is a server error, an `isError` result or a
+//! timeout (client errors are not counted at all). The shares are those of the median active
+//! client (the census), so one client failing or calling a slow tool cannot cut the budget for
+//! everyone, while trouble most clients see cuts it at once.
 //!
-//! A tick with no finished call carries no evidence of trouble: it counts as error rate 0 and
-//! as the learned baseline latency, so a budget cut during a storm recovers once the storm
-//! has stopped, even if nothing else is sent.
+//! An unhealthy tick cuts only while the trouble is as bad as on the tick before or worse;
+//! while it eases (the last cut taking effect: the shares remember about a second) the budget
+//! holds, so one episode does not cut all the way to the floor.
+//!
+//! A tick with no finished call carries no evidence of trouble: it counts as shares of 0, so
+//! a budget cut during a storm recovers once the storm has stopped, even if nothing else is
+//! sent.
 
 use crate::error::ConfigError;
 use std::time::Duration;
@@ -44,22 +52,24 @@ pub struct BudgetConfig {
     pub sample_interval: Duration,
     /// EWMA smoothing, in (0, 1]. Default 0.4 (seed 3.2: 0.3 to 0.5).
     pub alpha: f64,
-    /// Unhealthy when the smoothed p99 service time exceeds this (`target_p99_ms`). When
-    /// absent, `latency_tolerance` times the p99 learned while healthy at the stable budget
-    /// is used instead.
+    /// A call slower than this is slow, whatever its tool (`target_p99_ms`). Absent (the
+    /// default): each call is judged against its own tool's healthy latency instead.
     #[serde(rename = "target_p99_ms", with = "crate::duration_ms::opt")]
     pub target_p99: Option<Duration>,
-    /// Multiple of the healthy p99 baseline that counts as unhealthy when `target_p99` is
-    /// absent. Default 2.0 (stormgate's choice).
+    /// Without `target_p99`, a call is slow above this multiple of its tool's healthy latency
+    /// ([`Baseline`](crate::stats::Baseline)). Default 2.0 (stormgate's choice).
     pub latency_tolerance: f64,
-    /// Without `target_p99`, a p99 at most this much over the learned baseline is never
-    /// unhealthy, whatever the ratio (`latency_floor_ms`): a millisecond of scheduling noise on
-    /// a 1.5 ms backend is not distress. Default 5 ms.
+    /// Without `target_p99`, a call at most this much over its tool's healthy latency is never
+    /// slow, whatever the ratio (`latency_floor_ms`): a millisecond of scheduling noise on a
+    /// 1.5 ms tool is not distress. Default 5 ms.
     #[serde(rename = "latency_floor_ms", with = "crate::duration_ms")]
     pub latency_floor: Duration,
-    /// Unhealthy when the smoothed error rate exceeds this fraction. Default 0.1 (stormgate's
-    /// choice; seed 2.2's storm drops success from 97% to 62%).
+    /// Unhealthy when the median client's smoothed share of failed calls exceeds this.
+    /// Default 0.1 (stormgate's choice; seed 2.2's storm drops success from 97% to 62%).
     pub max_error_rate: f64,
+    /// Unhealthy when the median client's smoothed share of slow calls exceeds this.
+    /// Default 0.1 (stormgate's choice).
+    pub max_slow_rate: f64,
     /// Multiplier applied on an unhealthy tick, in (0, 1). Default 0.7 (stormgate's choice,
     /// as TCP CUBIC).
     pub decrease_factor: f64,
@@ -81,6 +91,7 @@ impl Default for BudgetConfig {
             latency_tolerance: 2.0,
             latency_floor: Duration::from_millis(5),
             max_error_rate: 0.1,
+            max_slow_rate: 0.1,
             decrease_factor: 0.7,
             recover_after: 3,
             recover_step: None,
@@ -97,6 +108,18 @@ impl BudgetConfig {
     /// The recovery step in effect.
     pub fn recover_step(&self) -> f64 {
         self.recover_step.unwrap_or(self.stable_budget * 0.05)
+    }
+
+    /// Whether a call of `secs` is slow, given its tool's healthy latency (`None`: not learned
+    /// yet, so nothing is slow but what passes `target_p99`).
+    pub fn is_slow(&self, secs: f64, baseline: Option<f64>) -> bool {
+        match (self.target_p99, baseline) {
+            (Some(target), _) => secs > target.as_secs_f64(),
+            (None, Some(b)) => {
+                secs > (b * self.latency_tolerance).max(b + self.latency_floor.as_secs_f64())
+            }
+            (None, None) => false,
+        }
     }
 
     /// The bucket size in effect, given the largest tool weight.
@@ -141,11 +164,16 @@ impl BudgetConfig {
         if !(self.alpha > 0.0 && self.alpha <= 1.0) {
             return Err(ConfigError::new("budget.alpha", "must be in (0, 1]"));
         }
-        if !(self.max_error_rate >= 0.0 && self.max_error_rate <= 1.0) {
-            return Err(ConfigError::new(
-                "budget.max_error_rate",
-                "must be in [0, 1]",
-            ));
+        for (name, v) in [
+            ("max_error_rate", self.max_error_rate),
+            ("max_slow_rate", self.max_slow_rate),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(ConfigError::new(
+                    format!("budget.{name}"),
+                    "must be in [0, 1]",
+                ));
+            }
         }
         if !(self.decrease_factor > 0.0 && self.decrease_factor < 1.0) {
             return Err(ConfigError::new(
@@ -174,10 +202,16 @@ impl BudgetConfig {
 pub struct TickStats {
     /// Calls that finished in the tick.
     pub completed: u64,
-    /// Of those, failures (5xx, JSON-RPC errors, `isError` results, timeouts).
+    /// Of those, failures (server errors, `isError` results, timeouts).
     pub errors: u64,
-    /// The p99 service time of those and of the calls cancelled in the tick (for a cancelled
-    /// call, how long it had run), when there were any.
+    /// The median active client's share of failed calls, over the census's memory.
+    pub failed_share: f64,
+    /// The median active client's share of slow calls, over the census's memory.
+    pub slow_share: f64,
+    /// Clients active in the census.
+    pub clients: usize,
+    /// The p99 service time of the calls finished or cancelled in the tick (for a cancelled
+    /// call, how long it had run), when there were any: shown, not judged.
     pub p99: Option<Duration>,
     /// Cost units admitted in the tick.
     pub admitted_cost: f64,
@@ -194,22 +228,19 @@ pub struct Health {
     pub rate: f64,
     /// Smoothed calls in flight.
     pub in_flight: f64,
-    /// Smoothed error rate.
+    /// The median client's smoothed share of failed calls.
     pub error_rate: f64,
-    /// Smoothed p99 service time in seconds.
+    /// The median client's smoothed share of slow calls.
+    pub slow_rate: f64,
+    /// Clients active in the last tick's census.
+    pub clients: usize,
+    /// Smoothed p99 service time in seconds, all tools together (shown, not judged).
     pub p99: f64,
-    /// The p99 learned while healthy, in seconds.
-    pub baseline_p99: Option<f64>,
     /// Whether this tick was healthy.
     pub healthy: bool,
     /// Healthy ticks in a row.
     pub healthy_streak: u32,
 }
-
-/// Weight of one tick in the learned baseline: slow, so a storm does not teach it.
-const BASELINE_ALPHA: f64 = 0.05;
-/// Ticks with finished calls the baseline averages before the latency rule uses it.
-pub const BASELINE_WARMUP: u32 = 20;
 
 /// The pure controller: feed it one [`TickStats`] per tick.
 #[derive(Debug, Clone)]
@@ -218,9 +249,11 @@ pub struct Controller {
     rate: Ewma,
     in_flight: Ewma,
     error_rate: Ewma,
+    slow_rate: Ewma,
     p99: Ewma,
-    baseline: Ewma,
-    baseline_samples: u32,
+    /// How far past its limits the last tick was (the larger of the two shares over its
+    /// limit), to tell a worsening tick from one still recovering from a cut.
+    distress: f64,
     budget: f64,
     streak: u32,
 }
@@ -233,11 +266,11 @@ impl Controller {
             budget: config.stable_budget,
             rate: Ewma::new(alpha),
             in_flight: Ewma::new(alpha),
-            error_rate: Ewma::new(alpha),
+            error_rate: Ewma::with_prior(alpha, 0.0),
+            slow_rate: Ewma::with_prior(alpha, 0.0),
             p99: Ewma::new(alpha),
-            baseline: Ewma::new(BASELINE_ALPHA),
-            baseline_samples: 0,
             streak: 0,
+            distress: 0.0,
             config,
         }
     }
@@ -258,79 +291,45 @@ impl Controller {
         self.config = config;
     }
 
-    fn latency_limit(&self) -> Option<f64> {
-        match self.config.target_p99 {
-            Some(t) => Some(t.as_secs_f64()),
-            None => self
-                .baseline
-                .value()
-                .filter(|_| self.baseline_samples >= BASELINE_WARMUP)
-                .map(|b| {
-                    (b * self.config.latency_tolerance)
-                        .max(b + self.config.latency_floor.as_secs_f64())
-                }),
-        }
-    }
-
-    /// The plain mean of the first [`BASELINE_WARMUP`] samples (so the first one does not
-    /// dominate), then a slow EWMA.
-    fn learn_baseline(&mut self, sample: f64) {
-        self.baseline_samples = self.baseline_samples.saturating_add(1);
-        match self.baseline.value() {
-            Some(mean) if self.baseline_samples <= BASELINE_WARMUP => {
-                let n = f64::from(self.baseline_samples);
-                self.baseline = Ewma::new(BASELINE_ALPHA);
-                self.baseline.update(mean + (sample - mean) / n);
-            }
-            _ => {
-                self.baseline.update(sample);
-            }
-        }
-    }
-
     /// Folds in one tick and moves the budget.
     pub fn tick(&mut self, stats: TickStats) -> Health {
         let secs = self.config.sample_interval.as_secs_f64();
         let rate = self.rate.update(stats.admitted_cost / secs);
         let in_flight = self.in_flight.update(stats.in_flight as f64);
-        let error_sample = match stats.completed {
-            0 => 0.0,
-            n => stats.errors as f64 / n as f64,
-        };
-        let raw_p99 = stats.p99.map(|p| p.as_secs_f64());
-        let p99_sample = raw_p99.or(self.baseline.value());
-        let error_rate = self.error_rate.update(error_sample);
-        let p99 = match p99_sample {
-            Some(s) => self.p99.update(s),
+        let error_rate = self.error_rate.update(stats.failed_share);
+        let slow_rate = self.slow_rate.update(stats.slow_share);
+        let p99 = match stats.p99 {
+            Some(p) => self.p99.update(p.as_secs_f64()),
             None => self.p99.value().unwrap_or(0.0),
         };
-        let slow = self.latency_limit().is_some_and(|limit| p99 > limit);
-        let healthy = !slow && error_rate <= self.config.max_error_rate;
+        let healthy =
+            error_rate <= self.config.max_error_rate && slow_rate <= self.config.max_slow_rate;
+        let distress = (error_rate / self.config.max_error_rate.max(1e-9))
+            .max(slow_rate / self.config.max_slow_rate.max(1e-9));
+        let improving = distress < self.distress;
+        self.distress = distress;
         if healthy {
             self.streak += 1;
-            // The baseline learns only while nothing holds the load back (healthy at the
-            // stable budget): under a cut budget the latency sits just under the limit, and
-            // learning from it would raise the limit step by step.
-            if let Some(raw) = raw_p99
-                && self.budget >= self.config.stable_budget
-            {
-                self.learn_baseline(raw);
-            }
             if self.streak >= self.config.recover_after {
                 self.budget =
                     (self.budget + self.config.recover_step()).min(self.config.stable_budget);
             }
         } else {
             self.streak = 0;
-            self.budget = (self.budget * self.config.decrease_factor).max(self.config.floor());
+            // Cut while it gets worse (or stays as bad); while it improves, the last cut is
+            // still taking effect (the shares remember about a second): hold.
+            if !improving {
+                self.budget = (self.budget * self.config.decrease_factor).max(self.config.floor());
+            }
         }
         Health {
             budget: self.budget,
             rate,
             in_flight,
             error_rate,
+            slow_rate,
+            clients: stats.clients,
             p99,
-            baseline_p99: self.baseline.value(),
             healthy,
             healthy_streak: self.streak,
         }
@@ -341,13 +340,15 @@ impl Controller {
 mod tests {
     use super::*;
 
-    fn tick(p99_ms: u64, errors: u64) -> TickStats {
+    fn tick(failed_share: f64) -> TickStats {
         TickStats {
             completed: 100,
-            errors,
-            p99: Some(Duration::from_millis(p99_ms)),
+            failed_share,
+            clients: 5,
+            p99: Some(Duration::from_millis(200)),
             admitted_cost: 50.0,
             in_flight: 5,
+            ..TickStats::default()
         }
     }
 
@@ -395,38 +396,47 @@ mod tests {
             ..BudgetConfig::default()
         });
         for _ in 0..5 {
-            c.tick(tick(200, 0));
+            c.tick(tick(0.0));
         }
-        assert_eq!(c.tick(tick(200, 0)).healthy_streak, 6);
+        assert_eq!(c.tick(tick(0.0)).healthy_streak, 6);
         // One noisy tick: 50% errors lifts the smoothed error rate over 10%.
-        let h = c.tick(tick(200, 50));
+        let h = c.tick(tick(0.5));
         assert!(!h.healthy);
         assert_eq!(h.healthy_streak, 0);
     }
 
     #[test]
-    fn a_millisecond_of_noise_on_a_fast_backend_is_not_unhealthy() {
-        fn ticks(c: &mut Controller, p99_us: u64, n: usize) -> Health {
-            let mut last = None;
-            for _ in 0..n {
-                last = Some(c.tick(TickStats {
-                    p99: Some(Duration::from_micros(p99_us)),
-                    ..tick(0, 0)
-                }));
-            }
-            last.unwrap()
-        }
-        // A 1.5 ms backend learned as the baseline, then one noisy 8 ms tick (its smoothed
-        // p99 4.1 ms: 2.7x the baseline, but 2.6 ms over it, within the 5 ms floor).
+    fn a_call_is_slow_against_its_own_tools_baseline_with_a_floor() {
+        let c = BudgetConfig::default();
+        // Nothing learned yet: nothing is slow.
+        assert!(!c.is_slow(100.0, None));
+        // A 1.5 ms tool: 6.4 ms is 4.3x, but within 5 ms of it; 6.6 ms is slow.
+        assert!(!c.is_slow(0.0064, Some(0.0015)));
+        assert!(c.is_slow(0.0066, Some(0.0015)));
+        // A 200 ms tool: slow above 2x.
+        assert!(!c.is_slow(0.4, Some(0.2)));
+        assert!(c.is_slow(0.401, Some(0.2)));
+        // A target applies to every tool alike.
+        let t = BudgetConfig {
+            target_p99: Some(Duration::from_millis(300)),
+            ..BudgetConfig::default()
+        };
+        assert!(t.is_slow(0.301, None));
+        assert!(!t.is_slow(0.3, Some(0.001)));
+    }
+
+    #[test]
+    fn the_median_clients_slow_share_cuts_and_recovery_follows() {
         let mut c = Controller::new(BudgetConfig::default());
-        ticks(&mut c, 1500, 30);
-        let h = ticks(&mut c, 8000, 1);
-        assert!(h.healthy, "{h:?}");
-        assert_eq!(h.budget, 1000.0);
-        ticks(&mut c, 1500, 10);
-        // 20 ms is over both the ratio and the floor: unhealthy.
-        let h = ticks(&mut c, 20_000, 5);
+        let slow = |share| TickStats {
+            slow_share: share,
+            ..tick(0.0)
+        };
+        // From a prior of 0: 0.4 x 0.2 = 0.08, healthy; then 0.4 x 0.5 + 0.6 x 0.08, not.
+        assert!(c.tick(slow(0.2)).healthy);
+        let h = c.tick(slow(0.5));
         assert!(!h.healthy, "{h:?}");
-        assert!(h.budget < 1000.0);
+        assert_eq!(h.budget, 700.0);
+        assert!((h.slow_rate - (0.4 * 0.5 + 0.6 * 0.08)).abs() < 1e-12);
     }
 }

@@ -31,6 +31,7 @@
 //! # }
 //! ```
 
+mod census;
 mod controller;
 mod gcra;
 mod sampler;
@@ -47,13 +48,14 @@ use dashmap::DashMap;
 use tokio::time::Instant;
 
 pub use crate::stats::Ewma;
-pub use controller::{BASELINE_WARMUP, BudgetConfig, Controller, Health, TickStats};
+pub use controller::{BudgetConfig, Controller, Health, TickStats};
 pub use gcra::{Gcra, gcra_check, interval_for_rate};
 pub use tenant::{DEMAND_HEADROOM, TenantConfig, allocate};
 
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::{Call, Tenant};
 use crate::cost::{CostConfig, Costs};
+use crate::entropy::SessionGuard;
 use crate::error::ConfigError;
 use crate::metrics;
 use crate::outcome::{Observation, Observer};
@@ -90,6 +92,8 @@ struct Inner {
     /// Rate a tenant not seen before starts with, until the next tick sizes its share.
     newcomer_rate: AtomicU64,
     costs: Arc<Costs>,
+    /// Whose calls the health census counts one by one (see [`BudgetBuilder::sessions`]).
+    sessions: Option<SessionGuard>,
     /// The cluster's leases (feature `redis`).
     #[cfg(feature = "redis")]
     shared: Option<crate::distributed::SharedBudget>,
@@ -153,11 +157,21 @@ pub struct BudgetBuilder {
     costs: CostConfig,
     switch: Switch,
     labels: Arc<metrics::Labels>,
+    sessions: Option<SessionGuard>,
     #[cfg(feature = "redis")]
     shared: Option<crate::distributed::SharedBudget>,
 }
 
 impl BudgetBuilder {
+    /// The session guard whose clients the controller's health census counts: a session the
+    /// MCP server accepted is one client, and the calls on every other id of a tenant are
+    /// one more (its unverified pool), so ids a client makes up weigh as one client. Without
+    /// it every session id counts as a client. [`Control`](crate::control::Control) sets it.
+    pub fn sessions(mut self, sessions: SessionGuard) -> Self {
+        self.sessions = Some(sessions);
+        self
+    }
+
     /// Shares the global budget and the tenants' shares with the other nodes of a cluster
     /// through Redis (feature `redis`; see [`distributed`](crate::distributed)): in adaptive
     /// mode every call also spends from this node's leases, and the controller's budget is
@@ -227,6 +241,7 @@ impl BudgetBuilder {
                 tenants: DashMap::new(),
                 newcomer_rate: AtomicU64::new(stable.to_bits()),
                 costs: Arc::new(Costs::new(self.costs)),
+                sessions: self.sessions,
                 settings: ArcSwap::from_pointee(settings),
                 #[cfg(feature = "redis")]
                 shared: self.shared,
@@ -255,6 +270,7 @@ impl Budget {
             costs: CostConfig::default(),
             switch: Switch::default(),
             labels: Arc::default(),
+            sessions: None,
             #[cfg(feature = "redis")]
             shared: None,
         }
@@ -444,7 +460,8 @@ impl Budget {
     pub fn tick(&self) -> Health {
         let inner = &*self.inner;
         let now = self.now();
-        let stats = inner.sampler.take();
+        let interval = inner.settings.load().config.sample_interval;
+        let stats = inner.sampler.take(interval);
         let health = inner
             .controller
             .lock()
@@ -796,9 +813,24 @@ impl Admission for Budget {
     }
 }
 
+impl Budget {
+    /// A tool's healthy latency as the controller learned it, in seconds.
+    pub fn tool_baseline(&self, tool: &str) -> Option<f64> {
+        self.inner.sampler.baseline(tool)
+    }
+}
+
 impl Observer for Budget {
     fn observe(&self, observation: &Observation<'_>) {
-        self.inner.sampler.observe(observation);
+        let inner = &*self.inner;
+        let client = match &inner.sessions {
+            Some(guard) => guard.judged_as(observation.call),
+            None => inner.sampler.client(&observation.call.session),
+        };
+        let now = inner.epoch.elapsed();
+        inner
+            .sampler
+            .observe(observation, client, now, &inner.settings.load().config);
         self.inner.costs.observe(observation);
     }
 }

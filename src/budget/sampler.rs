@@ -6,8 +6,15 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
-use super::TickStats;
+use super::census::Census;
+use super::{BudgetConfig, TickStats};
+use crate::bounded::Bounded;
 use crate::outcome::{Observation, Outcome};
+use crate::stats::Baseline;
+
+/// Tools whose healthy latency is learned at most (a server's tool set may be dynamic; an
+/// unknown tool is a client error and never learned).
+pub(crate) const MAX_TOOLS: usize = 4096;
 
 /// Service-time histograms are sharded so recording takes an uncontended lock.
 const SHARDS: usize = 16;
@@ -27,6 +34,9 @@ pub(crate) struct Sampler {
     completed: AtomicU64,
     errors: AtomicU64,
     histograms: Vec<Mutex<Histogram<u64>>>,
+    /// Each tool's healthy latency.
+    tools: Bounded<std::sync::Arc<Mutex<Baseline>>>,
+    census: Census,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -42,6 +52,8 @@ impl Sampler {
             completed: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             histograms: (0..SHARDS).map(|_| Mutex::new(histogram())).collect(),
+            tools: Bounded::new(),
+            census: Census::new(),
         }
     }
 
@@ -61,22 +73,53 @@ impl Sampler {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// A call finished.
-    pub(crate) fn observe(&self, o: &Observation<'_>) {
-        if o.call.target().is_none() {
+    /// A call of `client` (see [`Census`]) finished at `now` (from the budget's epoch): its
+    /// latency is judged against its tool's healthy latency, which it may teach.
+    pub(crate) fn observe(
+        &self,
+        o: &Observation<'_>,
+        client: u64,
+        now: Duration,
+        config: &BudgetConfig,
+    ) {
+        let Some(tool) = o.call.target() else {
             return; // protocol chatter (initialize, tools/list, ping): not charged, not sampled
-        }
+        };
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if o.outcome == Outcome::ClientError {
+            return; // says nothing about the backend's health
+        }
+        let secs = o.service_time.as_secs_f64();
+        let key = self.tools.key(tool);
+        let baseline = self
+            .tools
+            .get(key)
+            .and_then(|b| b.lock().unwrap_or_else(PoisonError::into_inner).value());
+        let slow = config.is_slow(secs, baseline);
         match o.outcome {
-            Outcome::ClientError => return, // says nothing about the backend's health
-            // A call its client gave up on ran at least this long: a censored latency sample.
-            // It is no error, but without it a backend slow enough that every client times
-            // out would leave only the fast survivors in the p99.
-            Outcome::Cancelled => {}
+            // A call its client gave up on ran at least this long: a censored latency sample,
+            // evidence of slowness when that is already slow, of nothing otherwise. Without
+            // it a backend slow enough that every client times out would look fast.
+            Outcome::Cancelled => {
+                if slow {
+                    self.census.record(client, false, true);
+                }
+            }
             outcome => {
                 self.completed.fetch_add(1, Ordering::Relaxed);
-                if outcome.is_failure() {
+                let failed = outcome.is_failure();
+                if failed {
                     self.errors.fetch_add(1, Ordering::Relaxed);
+                }
+                self.census.record(client, failed, slow);
+                // The healthy latency learns only from calls nothing held back.
+                if !failed
+                    && o.queue_wait.is_zero()
+                    && let Some(b) = self.tools.get_or_insert(key, MAX_TOOLS, Default::default)
+                {
+                    b.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .record(now, secs);
                 }
             }
         }
@@ -88,8 +131,20 @@ impl Sampler {
             .saturating_record(micros.max(1));
     }
 
-    /// Takes the tick's figures and starts the next tick.
-    pub(crate) fn take(&self) -> TickStats {
+    /// The census's client of a session id when no session guard says better.
+    pub(crate) fn client(&self, session: &crate::call::SessionId) -> u64 {
+        self.tools.key(session.as_str())
+    }
+
+    /// A tool's healthy latency in seconds, once learned.
+    pub(crate) fn baseline(&self, tool: &str) -> Option<f64> {
+        self.tools
+            .get(self.tools.key(tool))
+            .and_then(|b| b.lock().unwrap_or_else(PoisonError::into_inner).value())
+    }
+
+    /// Takes the tick's figures (of a tick of `interval`) and starts the next tick.
+    pub(crate) fn take(&self, interval: Duration) -> TickStats {
         let mut merged = histogram();
         for h in &self.histograms {
             let mut h = h.lock().unwrap_or_else(PoisonError::into_inner);
@@ -97,8 +152,12 @@ impl Sampler {
             h.reset();
         }
         let completed = self.completed.swap(0, Ordering::Relaxed);
+        let shares = self.census.take(interval);
         TickStats {
             completed,
+            failed_share: shares.failed,
+            slow_share: shares.slow,
+            clients: shares.clients,
             errors: self.errors.swap(0, Ordering::Relaxed),
             p99: (!merged.is_empty())
                 .then(|| Duration::from_micros(merged.value_at_quantile(0.99))),

@@ -75,7 +75,9 @@ impl Control {
             config.metrics.max_tenant_labels,
             config.metrics.max_tool_labels,
         ));
+        let sessions = SessionGuard::with_switch(config.sessions.clone(), switch.clone())?;
         let budget = Budget::builder(config.budget.clone())
+            .sessions(sessions.clone())
             .tenants(config.tenants.clone())
             .costs(config.costs.clone())
             .switch(switch.clone())
@@ -86,8 +88,8 @@ impl Control {
             None => budget,
         };
         let budget = budget.try_build()?;
-        let sessions = SessionGuard::with_switch(config.sessions.clone(), switch.clone())?;
-        let breakers = CircuitBreakers::with_switch(config.breaker.clone(), switch.clone())?;
+        let breakers = CircuitBreakers::with_switch(config.breaker.clone(), switch.clone())?
+            .following(sessions.clone());
         let idempotency =
             IdempotencyLayer::with_switch(config.idempotency.clone(), switch.clone())?;
         let fifo = config.fifo.layer();

@@ -20,7 +20,7 @@ use crate::metrics;
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
-use crate::stats::Ewma;
+use crate::stats::{Baseline, Ewma};
 
 /// The pool of the tenants past `max_tenants`.
 pub const OVERFLOW_SESSION: &str = "~overflow";
@@ -31,7 +31,7 @@ pub const UNVERIFIED_PREFIX: &str = "~unverified:";
 pub const MAX_TOOLS: usize = 4096;
 /// Smoothing of a session's error rate and latency ratio, per finished call.
 const HEALTH_ALPHA: f64 = 0.2;
-/// Smoothing of a session's healthy entropy baseline and of each tool's healthy latency.
+/// Smoothing of a session's healthy entropy baseline.
 const BASELINE_ALPHA: f64 = 0.05;
 
 /// Session guard settings (seed 003 sections 2.1-2.3, 4.2, 5.2).
@@ -377,7 +377,7 @@ struct Inner {
     /// The pool of tenants past `max_tenants`.
     overflow: Arc<Pool>,
     /// Each tool's healthy service time, by a keyed hash of its name.
-    tool_latency: Bounded<Arc<Mutex<Ewma>>>,
+    tool_latency: Bounded<Arc<Mutex<Baseline>>>,
     top: Mutex<Vec<SessionSummary>>,
 }
 
@@ -558,6 +558,20 @@ impl SessionGuard {
             pool.release_newcomer(&config);
         }
         made.is_some()
+    }
+
+    /// The client a call is judged as, as a number: its session, once the MCP server has
+    /// accepted it, else its tenant's unverified pool (so ids made up per call are one client).
+    /// The budget's health census and the breakers count clients by it.
+    pub fn judged_as(&self, call: &Call) -> u64 {
+        let sessions = &self.inner.sessions;
+        let key = sessions.key(call.session.as_str());
+        if sessions.get(key).is_some() {
+            key
+        } else {
+            // Another keyed hash, inverted: it meets a session's only by a 64-bit accident.
+            !self.inner.pools.key(call.tenant.as_str())
+        }
     }
 
     /// Whether `session` has its own state (the MCP server accepted it).
@@ -805,14 +819,14 @@ impl SessionGuard {
             return;
         }
         let healthy = !cancelled && !o.outcome.is_failure() && ratio <= config.latency_tolerance;
-        if healthy {
+        // The tool's healthy latency learns from every call nothing held back; being the
+        // minimum of a minute's period means, a slowdown does not teach it for a minute.
+        if !cancelled && !o.outcome.is_failure() && o.queue_wait.is_zero() {
             let tools = &self.inner.tool_latency;
-            if let Some(e) = tools.get_or_insert(tools.key(tool), MAX_TOOLS, || {
-                Arc::new(Mutex::new(Ewma::new(BASELINE_ALPHA)))
-            }) {
-                e.lock()
+            if let Some(b) = tools.get_or_insert(tools.key(tool), MAX_TOOLS, Default::default) {
+                b.lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .update(secs);
+                    .record(Duration::from_nanos(self.now()), secs);
             }
         }
         let entry = match tracked {

@@ -206,11 +206,14 @@ pub async fn drive(router: &Router, control: &Control) -> Vec<String> {
         ));
     }
     control.set_mode(Mode::Adaptive);
-    // Two backend failures of create_order open its breaker (invalid arguments would not:
-    // they are the client's mistake), once the budgets have refilled.
+    // Two backend failures of create_order, seen by two clients (tenants), open its breaker
+    // (invalid arguments would not: they are the client's mistake; nor would one client's
+    // failures), once the budgets have refilled.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let failed = stormgate::Call::request("tools/call").with_tool("create_order");
-    for _ in 0..2 {
+    for tenant in ["a", "b"] {
+        let failed = stormgate::Call::request("tools/call")
+            .with_tool("create_order")
+            .with_tenant(stormgate::Tenant::new(tenant));
         stormgate::outcome::Observer::observe(
             control.breakers(),
             &stormgate::outcome::Observation {
