@@ -8,6 +8,10 @@
 //! `u64` that a compare-and-swap updates: no lock on the hot path.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How much of its rate a bucket lets a caller under its fair share spend ahead.
+pub const RESERVE: Duration = Duration::from_secs(1);
 
 /// The GCRA decision for integer nanoseconds: `Ok(new_tat)` or `Err(wait_ns)`, the time until
 /// the same call would be admitted.
@@ -51,11 +55,28 @@ impl Gcra {
 
     /// Takes `cost` units at `now`, or returns the nanoseconds until it could.
     pub fn try_take(&self, now: u64, cost: u64) -> Result<(), u64> {
+        self.take_within(now, cost, 0)
+    }
+
+    /// [`try_take`](Self::try_take) for a caller under its fair share: it may also spend
+    /// [`RESERVE`] of the bucket's rate ahead (the bucket's level down to minus that), so the
+    /// refusals of a contended bucket fall on those above their share. What it spends ahead,
+    /// the others wait for.
+    pub fn try_take_reserved(&self, now: u64, cost: u64) -> Result<(), u64> {
+        self.take_within(
+            now,
+            cost,
+            u64::try_from(RESERVE.as_nanos()).unwrap_or(u64::MAX),
+        )
+    }
+
+    fn take_within(&self, now: u64, cost: u64, reserve_ns: u64) -> Result<(), u64> {
         let interval = self.interval.load(Ordering::Relaxed);
         let burst = self.burst.load(Ordering::Relaxed);
         let mut tat = self.tat.load(Ordering::Acquire);
         loop {
-            let new_tat = gcra_check(tat, now, cost, interval, burst)?;
+            let new_tat = gcra_check(tat, now.saturating_add(reserve_ns), cost, interval, burst)
+                .map(|_| tat.max(now).saturating_add(cost.saturating_mul(interval)))?;
             match self
                 .tat
                 .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
@@ -175,6 +196,34 @@ mod tests {
                 let a = g.try_take(now, cost).is_ok();
                 let b = naive.take(now, cost);
                 prop_assert_eq!(a, b, "at {} cost {}", now, cost);
+            }
+        }
+
+        /// Reserved takes: a naive bucket whose level may go down to minus the reserve for
+        /// them, and must stay at or above zero for plain takes.
+        #[test]
+        fn reserved_takes_equal_a_bucket_with_a_floor_below_zero(
+            interval in 1_000u64..100_000_000,
+            burst in 1u64..100,
+            calls in proptest::collection::vec((0u64..300_000_000, 1u64..100, any::<bool>()), 1..200),
+        ) {
+            let g = Gcra::new(interval, burst);
+            let reserve = RESERVE.as_nanos() as i128;
+            let cap = (burst * interval) as i128;
+            let (mut level, mut last, mut now) = (cap, 0u64, 0u64);
+            for (dt, cost, reserved) in calls {
+                let cost = cost.min(burst);
+                now += dt;
+                level = (level + (now - last) as i128).min(cap);
+                last = now;
+                let need = (cost * interval) as i128;
+                let floor = if reserved { -reserve } else { 0 };
+                let want = level - need >= floor;
+                if want {
+                    level -= need;
+                }
+                let got = if reserved { g.try_take_reserved(now, cost) } else { g.try_take(now, cost) };
+                prop_assert_eq!(got.is_ok(), want, "at {} cost {} reserved {}", now, cost, reserved);
             }
         }
 

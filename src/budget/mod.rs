@@ -33,13 +33,15 @@
 
 mod census;
 mod controller;
+mod fair;
 mod gcra;
 mod sampler;
 mod shared;
 mod tenant;
 mod trend;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -49,7 +51,7 @@ use tokio::time::Instant;
 
 pub use crate::stats::Ewma;
 pub use controller::{BudgetConfig, Controller, Health, TickStats};
-pub use gcra::{Gcra, gcra_check, interval_for_rate};
+pub use gcra::{Gcra, RESERVE, gcra_check, interval_for_rate};
 pub use tenant::{DEMAND_HEADROOM, TenantConfig, allocate};
 
 use crate::admit::{Admission, AdmitLayer};
@@ -94,6 +96,12 @@ struct Inner {
     costs: Arc<Costs>,
     /// Whose calls the health census counts one by one (see [`BudgetBuilder::sessions`]).
     sessions: Option<SessionGuard>,
+    /// Each client's recent use, for the fair shares inside the shared buckets.
+    clients: fair::Clients,
+    /// Without tenants: the global budget's fair parts.
+    fair: fair::Part,
+    /// Tenants active at the last tick.
+    tenants_active: std::sync::atomic::AtomicUsize,
     /// The cluster's leases (feature `redis`).
     #[cfg(feature = "redis")]
     shared: Option<crate::distributed::SharedBudget>,
@@ -128,6 +136,12 @@ struct TenantState {
     fixed: Gcra,
     demand: AtomicU64,
     tick: Mutex<TenantTick>,
+    /// Its key among the clients' groups.
+    group: u64,
+    /// Its share's fair parts among its sessions.
+    fair: fair::Part,
+    /// Whether its use is at or under its weighted part of the global budget, set every tick.
+    under_share: AtomicBool,
     /// The tenant's lease of its cluster-wide share (feature `redis`).
     #[cfg(feature = "redis")]
     lease: Option<Arc<crate::distributed::ScopeLease>>,
@@ -135,6 +149,8 @@ struct TenantState {
 
 struct TenantTick {
     demand: Ewma,
+    /// Smoothed admitted cost per second.
+    consumed: Ewma,
     idle: u32,
     allocation: f64,
 }
@@ -242,6 +258,9 @@ impl BudgetBuilder {
                 newcomer_rate: AtomicU64::new(stable.to_bits()),
                 costs: Arc::new(Costs::new(self.costs)),
                 sessions: self.sessions,
+                clients: fair::Clients::new(),
+                fair: fair::Part::default(),
+                tenants_active: std::sync::atomic::AtomicUsize::new(0),
                 settings: ArcSwap::from_pointee(settings),
                 #[cfg(feature = "redis")]
                 shared: self.shared,
@@ -353,7 +372,10 @@ impl Budget {
         // of it, and it starts empty (a new tenant has no savings to spend).
         let min = st.min_budget.min(rate);
         let w = st.max_weight;
+        // A tenant's bucket holds the configured burst, as the global one does.
+        let burst = st.config.burst(w) as u64;
         let now = self.now();
+        let group = self.inner.clients.group(tenant.as_str());
         #[cfg(feature = "redis")]
         let lease = self.tenant_lease(tenant.as_str(), rate.max(min));
         self.inner
@@ -364,7 +386,7 @@ impl Budget {
                     #[cfg(feature = "redis")]
                     lease,
                     admitted: AtomicU64::new(0),
-                    share: Gcra::new(interval_for_rate(rate.max(min)), burst_for(rate, w)),
+                    share: Gcra::new(interval_for_rate(rate.max(min)), burst),
                     guaranteed: Gcra::empty(
                         now,
                         interval_for_rate(min),
@@ -375,7 +397,12 @@ impl Budget {
                         Gcra::new(interval_for_rate(rate), burst_for(rate, w))
                     },
                     demand: AtomicU64::new(0),
+                    group,
+                    fair: fair::Part::default(),
+                    // Earned at its first tick, if under its part: a newcomer has no savings.
+                    under_share: AtomicBool::new(false),
                     tick: Mutex::new(TenantTick {
+                        consumed: Ewma::with_prior(st.config.alpha, 0.0),
                         demand: Ewma::new(st.config.alpha),
                         idle: 0,
                         allocation: rate,
@@ -481,8 +508,12 @@ impl Budget {
             .global
             .set_interval(now, interval_for_rate(rate / divisor));
         inner.costs.refresh();
+        let clients = inner.clients.active(now);
         if st.tenants.enabled {
-            self.split(now, health.budget / divisor);
+            self.split(now, health.budget / divisor, &clients);
+        } else {
+            let active = clients.values().sum::<usize>();
+            inner.fair.set(rate / divisor, active);
         }
         self.shared_tick(rate);
         let before = std::mem::replace(
@@ -524,7 +555,7 @@ impl Budget {
         health
     }
 
-    fn split(&self, now: u64, budget: f64) {
+    fn split(&self, now: u64, budget: f64, clients: &HashMap<u64, usize>) {
         let inner = &*self.inner;
         let st = inner.settings.load();
         let secs = st.config.sample_interval.as_secs_f64();
@@ -551,9 +582,11 @@ impl Budget {
         });
         let wants: Vec<(f64, f64)> = active.iter().map(|(_, _, w, d)| (*w, *d)).collect();
         let shares = allocate(budget, &wants);
+        let total_weight: f64 = wants.iter().map(|(w, _)| w).sum();
+        inner.tenants_active.store(active.len(), Ordering::Relaxed);
         // The guaranteed minimums together never pass the budget.
         let min = st.min_budget.min(budget / active.len().max(1) as f64);
-        for ((name, t, _, _), share) in active.iter().zip(shares) {
+        for ((name, t, weight, _), share) in active.iter().zip(shares) {
             let rate = share.max(min);
             t.guaranteed.set_interval(now, interval_for_rate(min));
             let label = inner.labels.tenant(name.as_str());
@@ -561,15 +594,20 @@ impl Budget {
             ::metrics::gauge!(metrics::TENANT_CONSUMPTION, "tenant" => label.clone()).set(consumed);
             ::metrics::gauge!(metrics::TENANT_ALLOCATION, "tenant" => label).set(rate);
             t.share.set_interval(now, interval_for_rate(rate));
-            t.share.set_burst(burst_for(rate, st.max_weight));
+            t.share.set_burst(st.config.burst(st.max_weight) as u64);
+            // Fair shares: its sessions' of its rate, and its own of the global budget.
+            let sessions = clients.get(&t.group).copied().unwrap_or(0);
+            t.fair.set(rate, sessions);
+            let weighted = budget * weight / total_weight.max(f64::MIN_POSITIVE);
             #[cfg(feature = "redis")]
             if let Some(lease) = &t.lease {
                 lease.propose(rate);
             }
-            t.tick
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .allocation = rate;
+            let mut tick = t.tick.lock().unwrap_or_else(PoisonError::into_inner);
+            tick.allocation = rate;
+            let used = tick.consumed.update(consumed);
+            t.under_share
+                .store(active.len() > 1 && used <= weighted, Ordering::Relaxed);
         }
         let newcomer = budget / (active.len() + 1) as f64;
         inner
@@ -619,6 +657,8 @@ pub struct BudgetPermit {
     cost: u64,
     charge: Charge,
     leased: Leased,
+    /// The client's use, counted in adaptive mode.
+    usage: Option<Arc<Mutex<fair::Usage>>>,
 }
 
 impl std::fmt::Debug for TenantState {
@@ -665,6 +705,7 @@ impl Budget {
                 tenant: charged,
             },
             leased: Leased::default(),
+            usage: None,
         })
     }
 
@@ -677,10 +718,20 @@ impl Budget {
     ) -> Result<BudgetPermit, Rejection> {
         let inner = &*self.inner;
         let leasing = self.shared_gate(now)?;
+        let take = |bucket: &Gcra, under: bool| {
+            if under {
+                bucket.try_take_reserved(now, cost)
+            } else {
+                bucket.try_take(now, cost)
+            }
+        };
+        let client = self.client(call);
         if !(inner.settings.load().tenants.enabled && policy.features.tenant_budgets) {
-            inner
-                .global
-                .try_take(now, cost)
+            let usage = inner.clients.get(client, 0, now);
+            let under = usage
+                .as_ref()
+                .is_some_and(|u| fair::Clients::under(u, now, cost as f64, &inner.fair));
+            take(&inner.global, under)
                 .map_err(|w| Self::reject(Reason::GlobalBudgetExceeded, Scope::Global, w))?;
             let leased = self.take_leases(leasing, None, cost).map_err(|(r, s, w)| {
                 inner.global.refund(now, cost);
@@ -691,13 +742,26 @@ impl Budget {
                 cost,
                 charge: Charge::Adaptive { guaranteed: false },
                 leased,
+                usage,
             });
         }
         let tenant = self.tenant(&call.tenant);
         tenant.demand.fetch_add(cost, Ordering::Relaxed);
+        // Inside its tenant's share a session under its fair part may spend the reserve; in
+        // the global bucket, a tenant under its weighted part.
+        let usage = inner.clients.get(client, tenant.group, now);
+        let session_under = usage
+            .as_ref()
+            .is_some_and(|u| fair::Clients::under(u, now, cost as f64, &tenant.fair));
+        // With one tenant active, the global bucket is contended by its sessions alone.
+        let tenant_under = if inner.tenants_active.load(Ordering::Relaxed) > 1 {
+            tenant.under_share.load(Ordering::Relaxed)
+        } else {
+            session_under
+        };
         let mut leased = Leased::default();
-        let refused = match tenant.share.try_take(now, cost) {
-            Ok(()) => match inner.global.try_take(now, cost) {
+        let refused = match take(&tenant.share, session_under) {
+            Ok(()) => match take(&inner.global, tenant_under) {
                 Ok(()) => match self.take_leases(leasing, Some(&tenant), cost) {
                     Ok(l) => {
                         leased = l;
@@ -741,6 +805,7 @@ impl Budget {
             cost,
             charge: Charge::Adaptive { guaranteed },
             leased,
+            usage,
         })
     }
 }
@@ -757,6 +822,7 @@ impl Admission for Budget {
                 cost: 0,
                 charge: Charge::Free,
                 leased: Leased::default(),
+                usage: None,
             });
         }
         let now = self.now();
@@ -768,10 +834,14 @@ impl Admission for Budget {
                 cost,
                 charge: Charge::Free,
                 leased: Leased::default(),
+                usage: None,
             },
             Mode::Fixed => self.admit_fixed(call, cost, now, &policy)?,
             Mode::Adaptive => self.admit_adaptive(call, cost, now, &policy)?,
         };
+        if let Some(u) = &permit.usage {
+            fair::Clients::spend(u, now, cost as f64);
+        }
         // Measured in every mode.
         self.inner.sampler.admitted(cost);
         if let Some(t) = &permit.tenant {
@@ -809,6 +879,9 @@ impl Admission for Budget {
                 }
             }
         }
+        if let Some(u) = &permit.usage {
+            fair::Clients::spend(u, now, -(cost as f64));
+        }
         inner.sampler.refunded(cost);
     }
 }
@@ -820,13 +893,20 @@ impl Budget {
     }
 }
 
+impl Budget {
+    /// The client a call counts for: as the session guard judges it, else its session id.
+    fn client(&self, call: &Call) -> u64 {
+        match &self.inner.sessions {
+            Some(guard) => guard.judged_as(call),
+            None => self.inner.sampler.client(&call.session),
+        }
+    }
+}
+
 impl Observer for Budget {
     fn observe(&self, observation: &Observation<'_>) {
         let inner = &*self.inner;
-        let client = match &inner.sessions {
-            Some(guard) => guard.judged_as(observation.call),
-            None => inner.sampler.client(&observation.call.session),
-        };
+        let client = self.client(observation.call);
         let now = inner.epoch.elapsed();
         inner
             .sampler
