@@ -4,7 +4,7 @@
 
 #![allow(dead_code)] // some items are used only by the integration tests
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,6 +37,20 @@ pub(crate) const DOC_LATENCY: Duration = Duration::from_millis(10);
 /// A scan slower than this, pool wait included, is a slow query.
 pub(crate) const SLOW_QUERY: Duration = Duration::from_secs(1);
 
+/// The window over which a load-sensitive backend counts its recent scans.
+pub(crate) const LOAD_WINDOW: Duration = Duration::from_secs(5);
+
+/// How a load-sensitive backend's scans slow down with its recent load (see
+/// [`Backend::load_sensitive`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Load {
+    /// How much a full `capacity` of recent scans adds to the hold time, as a multiple of the
+    /// base hold time.
+    pub(crate) k: f64,
+    /// Scans started in the last [`LOAD_WINDOW`] that add `k` base hold times.
+    pub(crate) capacity: f64,
+}
+
 /// The simulated backend every session shares: a small SQL pool with a query cache, a
 /// document store and an order book.
 #[derive(Debug)]
@@ -47,6 +61,10 @@ pub(crate) struct Backend {
     started: AtomicU64,
     /// How long a scan holds its connection: (query seen before, new query).
     hold: (Duration, Duration),
+    /// Load sensitivity: `None` for a fixed hold time.
+    load: Option<Load>,
+    /// Arrival times of the scans of the last [`LOAD_WINDOW`] (only with `load`).
+    recent: Mutex<VecDeque<Instant>>,
     seen: Mutex<HashSet<String>>,
     log: Mutex<Vec<Scan>>,
 }
@@ -74,15 +92,55 @@ impl Backend {
     /// A backend whose scans hold a connection for `warm` when the same table and filter were
     /// scanned before (the cache has it) and `cold` for a query never seen.
     pub(crate) fn with_cache(warm: Duration, cold: Duration) -> Arc<Self> {
+        Self::build((warm, cold), None)
+    }
+
+    /// A backend whose database slows down with its own recent load, with no cache: a scan
+    /// that gets a connection holds it for
+    /// `base x (1 + load.k x scans started in the last LOAD_WINDOW / load.capacity)`
+    /// (the scans counted include itself and the ones still waiting or failed), so latency
+    /// drifts up smoothly as the load rises, before the pool is ever exhausted.
+    pub(crate) fn load_sensitive(base: Duration, load: Load) -> Arc<Self> {
+        Self::build((base, base), Some(load))
+    }
+
+    fn build(hold: (Duration, Duration), load: Option<Load>) -> Arc<Self> {
         Arc::new(Backend {
             pool: Semaphore::new(POOL_SIZE),
             orders: AtomicU64::new(0),
             scans: AtomicU64::new(0),
             started: AtomicU64::new(0),
-            hold: (warm, cold),
+            hold,
+            load,
+            recent: Mutex::new(VecDeque::new()),
             seen: Mutex::new(HashSet::new()),
             log: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Scans started in the last [`LOAD_WINDOW`] (counted only by a load-sensitive backend).
+    pub(crate) fn recent_load(&self) -> usize {
+        let mut recent = self.recent.lock().unwrap();
+        let now = Instant::now();
+        while recent.front().is_some_and(|&t| now - t > LOAD_WINDOW) {
+            recent.pop_front();
+        }
+        recent.len()
+    }
+
+    /// How long a scan of `query` holds its connection, now.
+    fn hold_time(&self, query: String) -> Duration {
+        match self.load {
+            None => {
+                let cached = !self.seen.lock().unwrap().insert(query);
+                if cached { self.hold.0 } else { self.hold.1 }
+            }
+            // No cache: every scan costs the same at the same load.
+            Some(load) => self
+                .hold
+                .1
+                .mul_f64(1.0 + load.k * self.recent_load() as f64 / load.capacity),
+        }
     }
 
     /// Orders created so far.
@@ -110,12 +168,14 @@ impl Backend {
     async fn scan(&self, query: String) -> Result<Duration, Duration> {
         self.started.fetch_add(1, Ordering::SeqCst);
         let at = Instant::now();
+        if self.load.is_some() {
+            self.recent.lock().unwrap().push_back(at);
+        }
         let permit = tokio::time::timeout(POOL_WAIT_LIMIT, self.pool.acquire()).await;
         let pool_wait = at.elapsed();
         let ok = permit.is_ok();
         if let Ok(permit) = permit {
-            let cached = !self.seen.lock().unwrap().insert(query);
-            tokio::time::sleep(if cached { self.hold.0 } else { self.hold.1 }).await;
+            tokio::time::sleep(self.hold_time(query)).await;
             drop(permit);
             self.scans.fetch_add(1, Ordering::SeqCst);
         }

@@ -1,58 +1,210 @@
-//! The storm demo (seed 003 section 1): four steady agents, one complex but healthy agent and
-//! one runaway agent share the example server's database pool, first with no protection, then
-//! behind a fixed per-session rate limit, then behind stormgate. Prints one table and writes
-//! `storm.svg`.
+//! The storm demo (seed 003 section 1, and four more scenarios): steady agents, a complex but
+//! healthy agent, a runaway, a clumsy client or a novel worker share the example server's
+//! database pool, first with no protection, then behind a fixed per-session rate limit, then
+//! behind stormgate, then behind the peers (governor keyed by session, tower-resilience's
+//! adaptive concurrency limits). Prints one table per scenario, the refusal reasons and the
+//! goals each policy met, and writes `storm.svg` for the storm scenario.
 //!
 //! ```text
-//! cargo run --release --example storm [-- --seed N --out storm.svg]
+//! cargo run --release --example storm [-- --scenario NAME --seed N --out storm.svg]
 //! ```
 //!
 //! Every agent is rmcp's own MCP client; the example server is the real rmcp service behind
-//! the whole stack, in this process. The run is on tokio's paused clock: three minutes of
-//! storm per policy take seconds, and a seed gives the same table every time.
+//! the whole stack, in this process. The run is on tokio's paused clock: minutes of storm
+//! per policy take seconds, and a seed gives the same tables every time.
 
 #[path = "../mcp_server/app.rs"]
 mod app;
 mod inprocess;
+mod peers;
 mod scenario;
 
 use plotters::prelude::*;
-use scenario::{Agent, Policy, Report, Settings};
+use scenario::{Agent, Policy, Report, Scenario, Settings, Verdict};
 
-fn row(r: &Report) -> Vec<String> {
-    let steady = r.stats(Agent::Steady);
-    let complex = r.stats(Agent::Complex);
-    vec![
-        r.policy.name(),
-        r.slow_queries().to_string(),
-        format!("{:.2}/s", steady.goodput),
-        format!("{} ms", steady.p99.as_millis()),
-        steady.throttled.to_string(),
-        format!("{:.2}/s", complex.goodput),
-        format!("{} ms", complex.p99.as_millis()),
-        format!("{:.2}%", 100.0 * r.complex_throttled()),
-        format!("{}/{}", r.runaway_admitted(), r.stats(Agent::Runaway).calls),
-        match (
-            r.time_to_first_throttle(),
-            r.runaway_calls_to_first_throttle(),
-        ) {
-            (Some(d), Some(n)) => format!("{:.1} s, call {n}", d.as_secs_f64()),
-            _ => "never".into(),
-        },
-        r.calls_after_trouble_until_throttle()
-            .map_or("-".into(), |n| n.to_string()),
-    ]
+fn ms(d: std::time::Duration) -> String {
+    format!("{} ms", d.as_millis())
+}
+
+fn secs(d: Option<std::time::Duration>) -> String {
+    d.map_or("never".into(), |d| format!("{:.1} s", d.as_secs_f64()))
+}
+
+/// A column of a table: its header and how to fill it from a run.
+type Column = (&'static str, fn(&Report) -> String);
+
+/// The table's columns for `scenario`.
+fn columns(scenario: Scenario) -> Vec<Column> {
+    let mut cols: Vec<Column> = vec![
+        ("policy", |r| r.policy.name()),
+        ("slow queries", |r| r.slow_queries().to_string()),
+        ("steady goodput", |r| {
+            format!("{:.2}/s", r.stats(Agent::Steady).goodput)
+        }),
+        ("steady p99", |r| ms(r.stats(Agent::Steady).p99)),
+        ("steady refused", |r| {
+            r.stats(Agent::Steady).throttled.to_string()
+        }),
+    ];
+    if scenario.has_complex() {
+        cols.extend([
+            ("complex goodput", |r: &Report| {
+                format!("{:.2}/s", r.stats(Agent::Complex).goodput)
+            }),
+            ("complex p99", |r: &Report| ms(r.stats(Agent::Complex).p99)),
+            ("complex throttled", |r: &Report| {
+                format!("{:.2}%", 100.0 * r.complex_throttled())
+            }),
+        ] as [Column; 3]);
+    }
+    if scenario.runaway().is_some() {
+        cols.extend([
+            ("runaway admitted", |r: &Report| {
+                format!("{}/{}", r.runaway_admitted(), r.stats(Agent::Runaway).calls)
+            }),
+            ("first throttle", |r: &Report| {
+                match (
+                    r.time_to_first_throttle(),
+                    r.runaway_calls_to_first_throttle(),
+                ) {
+                    (Some(d), Some(n)) => format!("{:.1} s, call {n}", d.as_secs_f64()),
+                    _ => "never".into(),
+                }
+            }),
+            ("calls after trouble", |r: &Report| {
+                r.calls_after_trouble_until_throttle()
+                    .map_or("-".into(), |n| n.to_string())
+            }),
+        ] as [Column; 3]);
+    }
+    if scenario == Scenario::SlowDrift {
+        cols.extend([
+            ("steady p99 2x at", |r: &Report| {
+                secs(r.steady_p99_doubled_at())
+            }),
+            ("runaway refused at", |r: &Report| {
+                secs(r.runaway_first_refused_at())
+            }),
+            ("cut first", |r: &Report| match r.runaway_cut_first() {
+                Some(true) => "yes".into(),
+                Some(false) => "no".into(),
+                None => "-".into(),
+            }),
+        ] as [Column; 3]);
+    }
+    if scenario.has_clumsy() {
+        cols.extend([
+            ("clumsy refused", |r: &Report| {
+                let s = r.stats(Agent::Clumsy);
+                format!("{}/{}", s.throttled, s.calls)
+            }),
+            ("others refused", |r: &Report| {
+                r.others_refused().to_string()
+            }),
+        ] as [Column; 2]);
+    }
+    if scenario.has_novel() {
+        cols.extend([
+            ("novel goodput", |r: &Report| {
+                format!("{:.2}/s", r.stats(Agent::Novel).goodput)
+            }),
+            ("novel p99", |r: &Report| ms(r.stats(Agent::Novel).p99)),
+            ("novel refused", |r: &Report| {
+                let s = r.stats(Agent::Novel);
+                format!(
+                    "{:.2}% ({}/{})",
+                    100.0 * r.refused_share(Agent::Novel),
+                    s.throttled,
+                    s.calls
+                )
+            }),
+        ] as [Column; 3]);
+    }
+    cols.push(("budget min", |r| {
+        r.budget_min().map_or("-".into(), |b| format!("{b:.0}"))
+    }));
+    cols
+}
+
+/// One scenario under every policy: its table, the refusals and the goals of each policy.
+fn print(scenario: Scenario, reports: &[Report]) {
+    println!("## {}\n\n{}\n", scenario.name(), scenario.description());
+    let cols = columns(scenario);
+    let header: Vec<&str> = cols.iter().map(|(h, _)| *h).collect();
+    println!("| {} |", header.join(" | "));
+    println!("|{}", "---|".repeat(header.len()));
+    for r in reports {
+        let row: Vec<String> = cols.iter().map(|(_, f)| f(r)).collect();
+        println!("| {} |", row.join(" | "));
+    }
+    println!();
+    let off = reports
+        .iter()
+        .find(|r| r.policy == Policy::Off)
+        .expect("the off run");
+    let agents: Vec<Agent> = Agent::ALL
+        .into_iter()
+        .filter(|&a| reports[0].stats(a).calls > 0)
+        .collect();
+    for r in reports {
+        let refusals: Vec<String> = agents
+            .iter()
+            .map(|&agent| {
+                let list: Vec<String> = r
+                    .refusals(agent)
+                    .iter()
+                    .map(|(reason, n)| format!("{reason} {n}"))
+                    .collect();
+                let list = if list.is_empty() {
+                    "none".into()
+                } else {
+                    list.join(", ")
+                };
+                format!("{} refused by {list}", agent.name())
+            })
+            .collect();
+        println!("- {}: {}", r.policy.name(), refusals.join("; "));
+        let goals = scenario::goals(r, off);
+        let judged = goals
+            .iter()
+            .filter(|g| g.verdict != Verdict::NotApplicable)
+            .count();
+        let met = goals.iter().filter(|g| g.verdict == Verdict::Met).count();
+        let each: Vec<String> = goals
+            .iter()
+            .map(|g| {
+                let verdict = match g.verdict {
+                    Verdict::Met => "met",
+                    Verdict::Missed => "MISSED",
+                    Verdict::NotApplicable => "n/a",
+                };
+                format!("{}: {verdict} ({})", g.name, g.detail)
+            })
+            .collect();
+        println!("  goals met {met}/{judged}: {}", each.join("; "));
+    }
+    println!();
 }
 
 fn main() {
-    let mut settings = Settings::default();
+    let mut seed = None;
+    let mut only = None;
     let mut out = String::from("storm.svg");
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--seed" => settings.seed = args.next().and_then(|v| v.parse().ok()).expect("--seed N"),
+            "--seed" => seed = Some(args.next().and_then(|v| v.parse().ok()).expect("--seed N")),
             "--out" => out = args.next().expect("--out FILE"),
-            other => panic!("unknown argument {other}; use --seed N or --out FILE"),
+            "--scenario" => {
+                let name = args.next().expect("--scenario NAME");
+                only = Some(Scenario::from_name(&name).unwrap_or_else(|| {
+                    let names: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
+                    panic!("unknown scenario {name}; one of {}", names.join(", "))
+                }));
+            }
+            other => {
+                panic!("unknown argument {other}; use --scenario NAME, --seed N or --out FILE")
+            }
         }
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -60,51 +212,24 @@ fn main() {
         .start_paused(true)
         .build()
         .expect("runtime");
-    let reports: Vec<Report> = Policy::ALL
-        .iter()
-        .map(|&p| runtime.block_on(scenario::run(p, settings)))
-        .collect();
-    let header = [
-        "policy",
-        "slow queries",
-        "steady goodput",
-        "steady p99",
-        "steady refused",
-        "complex goodput",
-        "complex p99",
-        "complex throttled",
-        "runaway admitted",
-        "first throttle",
-        "calls after trouble",
-    ];
-    println!("| {} |", header.join(" | "));
-    println!("|{}", "---|".repeat(header.len()));
-    for r in &reports {
-        println!("| {} |", row(r).join(" | "));
+    for scenario in Scenario::ALL {
+        if only.is_some_and(|o| o != scenario) {
+            continue;
+        }
+        let mut settings = Settings::new(scenario);
+        if let Some(seed) = seed {
+            settings.seed = seed;
+        }
+        let reports: Vec<Report> = Policy::ALL
+            .iter()
+            .map(|&p| runtime.block_on(scenario::run(p, settings)))
+            .collect();
+        print(scenario, &reports);
+        if scenario == Scenario::Storm {
+            chart(&reports, &out).expect("the chart is written");
+            println!("chart: {out}\n");
+        }
     }
-    println!();
-    for r in &reports {
-        let reasons = |agent| {
-            let list: Vec<String> = r
-                .refusals(agent)
-                .iter()
-                .map(|(reason, n)| format!("{reason} {n}"))
-                .collect();
-            if list.is_empty() {
-                "none".into()
-            } else {
-                list.join(", ")
-            }
-        };
-        println!(
-            "{}: runaway refused by {}; complex refused by {}",
-            r.policy.name(),
-            reasons(Agent::Runaway),
-            reasons(Agent::Complex),
-        );
-    }
-    chart(&reports, &out).expect("the chart is written");
-    println!("\nchart: {out}");
 }
 
 /// Three panels over time: the backend's worst pool wait under every policy, and stormgate's
@@ -115,7 +240,16 @@ fn chart(reports: &[Report], out: &str) -> Result<(), Box<dyn std::error::Error>
     let panels = root.split_evenly((3, 1));
     let secs = reports[0].settings.duration.as_secs_f64();
     let runaway = reports[0].settings.runaway_start.as_secs_f64();
-    let colors = [RED, MAGENTA, CYAN, BLUE];
+    let colors = [
+        RED,
+        MAGENTA,
+        CYAN,
+        BLUE,
+        GREEN,
+        RGBColor(0, 128, 0),
+        RGBColor(255, 140, 0),
+        BLACK,
+    ];
     let adaptive = reports
         .iter()
         .find(|r| r.policy == Policy::Stormgate)

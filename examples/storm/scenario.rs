@@ -1,11 +1,12 @@
-//! The storm scenario (seed 003 section 1): steady agents, one complex but healthy agent and one
-//! runaway agent share the example server's database pool, under one protection policy.
+//! The storm demo's scenarios (seed 003 section 1 and four more): steady agents, a complex but
+//! healthy agent, a runaway, a clumsy client or a novel worker share the example server's
+//! database pool, under one protection policy.
 //!
 //! Every agent is rmcp's own client speaking streamable HTTP to the example server's real
 //! rmcp service through the whole axum stack ([`crate::inprocess`]); the scenario runs on
 //! tokio's clock, so under `start_paused` a run of minutes takes seconds and a seed gives the
 //! same numbers every time. Shared by `examples/storm` (the demo) and `tests/storm.rs` (the
-//! goals as assertions).
+//! goals as assertions): the goals are computed here, by [`goals`].
 
 #![allow(dead_code)] // the test reads fewer fields than the demo prints
 
@@ -21,15 +22,174 @@ use serde_json::{Value, json};
 use stormgate::control::{Config, Control};
 use stormgate::{Reason, SessionId};
 use tokio::time::Instant;
+use tower_resilience::adaptive::{Aimd, Vegas};
 
 use crate::app::{self, Backend};
 use crate::inprocess::InProcess;
+use crate::peers;
 
-/// The stormgate configuration of the demo's adaptive policy.
+/// The stormgate configuration of the demo's adaptive policy, the same in every scenario.
 pub(crate) const STORMGATE_TOML: &str = include_str!("stormgate.toml");
 
-/// Tenant header every agent's client sends (the demo's agents are separate customers).
+/// Tenant header every agent's client sends.
 const TENANT_HEADER: &str = "x-tenant";
+
+/// What the agents do and against which backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scenario {
+    /// Seed 003's storm: steady agents, the complex agent, and from 30 s a runaway that
+    /// ramps fast (2 searches at once, one more every 10 s up to 10), every query new and
+    /// cold (600 ms, against 50 ms for a query seen before).
+    Storm,
+    /// A diverse runaway that ramps slowly (1 search, one more every 20 s up to 12) against a
+    /// load-sensitive database without a cache: every scan slows down with the recent load,
+    /// so its own load degrades the pool gradually, with no errors at first.
+    SlowDrift,
+    /// [`Scenario::Storm`] with every agent sending the same tenant: one customer, many
+    /// sessions.
+    OneTenant,
+    /// No runaway: beside the steady and complex agents, a clumsy session calling a tool that
+    /// does not exist and real tools with bad arguments, a few times a second.
+    Clumsy,
+    /// No runaway: beside the steady agents, one agent doing legitimately novel expensive
+    /// work: a new (cold) query every call, one at a time, a pause of 1-2 s between calls.
+    Novel,
+}
+
+impl Scenario {
+    /// Every scenario, in the order the demo runs them.
+    pub(crate) const ALL: [Scenario; 5] = [
+        Scenario::Storm,
+        Scenario::SlowDrift,
+        Scenario::OneTenant,
+        Scenario::Clumsy,
+        Scenario::Novel,
+    ];
+
+    /// Its name (`--scenario NAME`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Scenario::Storm => "storm",
+            Scenario::SlowDrift => "slow-drift",
+            Scenario::OneTenant => "one-tenant",
+            Scenario::Clumsy => "clumsy",
+            Scenario::Novel => "novel",
+        }
+    }
+
+    /// One line on what happens in it.
+    pub(crate) fn description(self) -> &'static str {
+        match self {
+            Scenario::Storm => {
+                "4 steady agents, the complex agent, and from 30 s a runaway: new cold query every call, errors retried at once, 2 searches at once +1 every 10 s up to 10"
+            }
+            Scenario::SlowDrift => {
+                "the same agents on a load-sensitive database (no cache; a scan holds its connection 50 ms x (1 + 2 x scans started in the last 5 s / 20)); from 30 s a runaway with new queries, errors retried at once, ramping slowly: 1 search +1 every 20 s up to 12"
+            }
+            Scenario::OneTenant => {
+                "the storm, every agent sending the same tenant (one customer, many sessions)"
+            }
+            Scenario::Clumsy => {
+                "no runaway: 4 steady agents, the complex agent, and a clumsy session calling an unknown tool and real tools with bad arguments about 3 times a second"
+            }
+            Scenario::Novel => {
+                "no runaway: 4 steady agents and one agent doing novel expensive work: a new cold scan (600 ms) every call, one at a time, 1-2 s between calls"
+            }
+        }
+    }
+
+    /// The scenario called `name`.
+    pub(crate) fn from_name(name: &str) -> Option<Scenario> {
+        Scenario::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// How the runaway ramps up, if there is one.
+    pub(crate) fn runaway(self) -> Option<Ramp> {
+        match self {
+            Scenario::Storm | Scenario::OneTenant => Some(Ramp {
+                first: 2,
+                max: 10,
+                every: Duration::from_secs(10),
+            }),
+            Scenario::SlowDrift => Some(Ramp {
+                first: 1,
+                max: 12,
+                every: Duration::from_secs(20),
+            }),
+            Scenario::Clumsy | Scenario::Novel => None,
+        }
+    }
+
+    /// Whether the complex agent takes part.
+    pub(crate) fn has_complex(self) -> bool {
+        self != Scenario::Novel
+    }
+
+    /// Whether the clumsy session takes part.
+    pub(crate) fn has_clumsy(self) -> bool {
+        self == Scenario::Clumsy
+    }
+
+    /// Whether the novel agent takes part.
+    pub(crate) fn has_novel(self) -> bool {
+        self == Scenario::Novel
+    }
+
+    /// The tenant `agent`'s client sends.
+    fn tenant(self, agent: &str) -> String {
+        match self {
+            Scenario::OneTenant => "acme".into(),
+            _ => agent.into(),
+        }
+    }
+
+    /// The database the agents share.
+    fn backend(self) -> Arc<Backend> {
+        match self {
+            Scenario::SlowDrift => Backend::load_sensitive(DRIFT_BASE, DRIFT_LOAD),
+            _ => Backend::with_cache(WARM, COLD),
+        }
+    }
+
+    /// The default length of a run.
+    fn duration(self) -> Duration {
+        match self {
+            Scenario::Storm | Scenario::OneTenant => Duration::from_secs(180),
+            Scenario::SlowDrift => Duration::from_secs(270),
+            Scenario::Clumsy | Scenario::Novel => Duration::from_secs(120),
+        }
+    }
+}
+
+/// A scan of a query seen before (the cache backend).
+const WARM: Duration = Duration::from_millis(50);
+/// A scan of a new query (the cache backend).
+const COLD: Duration = Duration::from_millis(600);
+/// A scan on the load-sensitive backend with no load.
+const DRIFT_BASE: Duration = Duration::from_millis(50);
+/// The load-sensitive backend: a scan holds its connection for
+/// `50 ms x (1 + 2 x scans started in the last 5 s / 20)`. The steady and complex agents
+/// alone start about 27 scans per 5 s (a hold of about 185 ms); the runaway's searches add
+/// about 10 each at first, fewer as they slow down. Without protection the steady agents'
+/// p99 doubles about a minute after the runaway starts, passes 900 ms at about 190 s, and
+/// the pool melts down (timeouts, retries at once, failed scans) from about 225 s, with 11
+/// searches.
+const DRIFT_LOAD: app::Load = app::Load {
+    k: 2.0,
+    capacity: 20.0,
+};
+
+/// How the runaway grows: `first` parallel searches at its start, one more every `every`,
+/// up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ramp {
+    /// Searches at the start.
+    pub(crate) first: u64,
+    /// Searches at most.
+    pub(crate) max: u64,
+    /// One more search this often.
+    pub(crate) every: Duration,
+}
 
 /// A protection policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,16 +201,58 @@ pub(crate) enum Policy {
     Fixed(u32),
     /// stormgate in `adaptive` mode with `stormgate.toml`.
     Stormgate,
+    /// The `governor` crate's keyed limiter, this many calls per second per MCP session,
+    /// bursts of twice that ([`peers::governor_router`]).
+    Governor(u32),
+    /// tower-resilience's AIMD adaptive concurrency limit ([`aimd`]).
+    Aimd,
+    /// tower-resilience's Vegas adaptive concurrency limit ([`vegas`]).
+    Vegas,
+}
+
+/// The AIMD peer: tower-resilience's documented defaults (initial limit 10, max 100, +1 per
+/// fast success, x0.5 per failure or slow success) but for the minimum, 4 (the pool's
+/// connections), and the latency threshold, 700 ms (above a healthy cold scan's 600 ms,
+/// below the agents' 1 s timeout; the default 100 ms would call every cold scan
+/// congestion).
+pub(crate) fn aimd() -> Aimd {
+    Aimd::builder()
+        .initial_limit(10)
+        .min_limit(app::POOL_SIZE)
+        .max_limit(100)
+        .increase_by(1)
+        .decrease_factor(0.5)
+        .latency_threshold(Duration::from_millis(700))
+        .build()
+        .expect("a valid AIMD configuration")
+}
+
+/// The Vegas peer: tower-resilience's documented defaults (initial limit 10, max 100,
+/// alpha 3, beta 6) but for the minimum, 4 (the pool's connections).
+pub(crate) fn vegas() -> Vegas {
+    Vegas::builder()
+        .initial_limit(10)
+        .min_limit(app::POOL_SIZE)
+        .max_limit(100)
+        .alpha(3)
+        .beta(6)
+        .build()
+        .expect("a valid Vegas configuration")
 }
 
 impl Policy {
     /// The policies, in the order the demo runs them: a fixed limit set where it spares the
-    /// complex agent (8/s, above its peak), and one set where it stops the runaway (2/s).
-    pub(crate) const ALL: [Policy; 4] = [
+    /// complex agent (8/s, above its peak), and one set where it stops the runaway (2/s);
+    /// stormgate; then the peers, governor at the same two rates.
+    pub(crate) const ALL: [Policy; 8] = [
         Policy::Off,
         Policy::Fixed(8),
         Policy::Fixed(2),
         Policy::Stormgate,
+        Policy::Governor(8),
+        Policy::Governor(2),
+        Policy::Aimd,
+        Policy::Vegas,
     ];
 
     /// Its name in the table.
@@ -59,11 +261,14 @@ impl Policy {
             Policy::Off => "off".into(),
             Policy::Fixed(rate) => format!("fixed {rate}/s per session"),
             Policy::Stormgate => "stormgate adaptive".into(),
+            Policy::Governor(rate) => format!("governor {rate}/s per session"),
+            Policy::Aimd => "tower-resilience aimd".into(),
+            Policy::Vegas => "tower-resilience vegas".into(),
         }
     }
 
-    /// The stack's configuration under this policy.
-    pub(crate) fn config(self) -> Config {
+    /// The stack's configuration under this policy (`None` for a peer: no stormgate stack).
+    pub(crate) fn config(self) -> Option<Config> {
         let text = match self {
             Policy::Off => STORMGATE_TOML.replace("mode = \"adaptive\"", "mode = \"off\""),
             Policy::Fixed(rate) => format!(
@@ -72,15 +277,39 @@ impl Policy {
                  [fixed]\nsession_rate = {rate}.0\n"
             ),
             Policy::Stormgate => STORMGATE_TOML.to_owned(),
+            Policy::Governor(_) | Policy::Aimd | Policy::Vegas => return None,
         };
-        Config::from_toml(&text).expect("the demo's configurations are valid")
+        Some(Config::from_toml(&text).expect("the demo's configurations are valid"))
+    }
+
+    /// `router` protected by this policy, and the stormgate control handle when the policy is
+    /// a stormgate stack.
+    fn protect(self, router: axum::Router) -> (axum::Router, Option<Control>) {
+        match self {
+            Policy::Governor(rate) => (peers::governor_router(router, rate, 2 * rate), None),
+            Policy::Aimd => (
+                peers::adaptive_router(router, Arc::new(peers::AdaptiveLimit::new(aimd()))),
+                None,
+            ),
+            Policy::Vegas => (
+                peers::adaptive_router(router, Arc::new(peers::AdaptiveLimit::new(vegas()))),
+                None,
+            ),
+            _ => {
+                let config = self.config().expect("a stormgate policy");
+                let control = Control::new(config).expect("valid config");
+                (control.wrap(router), Some(control))
+            }
+        }
     }
 }
 
-/// What the run does: its length, when the runaway starts, and the seed of every random
-/// choice (think times, query words).
+/// What the run does: the scenario, its length, when the runaway starts, and the seed of
+/// every random choice (think times, query words).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Settings {
+    /// The scenario.
+    pub(crate) scenario: Scenario,
     /// The seed.
     pub(crate) seed: u64,
     /// How long the whole run lasts.
@@ -91,14 +320,22 @@ pub(crate) struct Settings {
     pub(crate) steady_agents: usize,
 }
 
-impl Default for Settings {
-    fn default() -> Self {
+impl Settings {
+    /// The default settings of `scenario`.
+    pub(crate) fn new(scenario: Scenario) -> Self {
         Settings {
+            scenario,
             seed: 7,
-            duration: Duration::from_secs(180),
+            duration: scenario.duration(),
             runaway_start: Duration::from_secs(30),
             steady_agents: 4,
         }
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings::new(Scenario::Storm)
     }
 }
 
@@ -133,6 +370,12 @@ pub(crate) struct CallRecord {
     pub(crate) outcome: Outcome,
 }
 
+impl CallRecord {
+    fn refused(&self) -> bool {
+        matches!(self.outcome, Outcome::Throttled { .. })
+    }
+}
+
 /// The kinds of agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Agent {
@@ -143,6 +386,33 @@ pub(crate) enum Agent {
     /// The seed's runaway: one search tool, ever-new queries, retries on every error and
     /// timeout, more parallel searches as it goes.
     Runaway,
+    /// Calls a tool that does not exist and real tools with bad arguments, a few times a
+    /// second.
+    Clumsy,
+    /// A new, expensive but healthy query every call, one at a time, with pauses.
+    Novel,
+}
+
+impl Agent {
+    /// Every kind.
+    pub(crate) const ALL: [Agent; 5] = [
+        Agent::Steady,
+        Agent::Complex,
+        Agent::Runaway,
+        Agent::Clumsy,
+        Agent::Novel,
+    ];
+
+    /// Its name in the demo's lines.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Agent::Steady => "steady",
+            Agent::Complex => "complex",
+            Agent::Runaway => "runaway",
+            Agent::Clumsy => "clumsy",
+            Agent::Novel => "novel",
+        }
+    }
 }
 
 /// One sample of the run's state, every [`SAMPLE_EVERY`].
@@ -150,9 +420,9 @@ pub(crate) enum Agent {
 pub(crate) struct Sample {
     /// From the start of the run.
     pub(crate) at: Duration,
-    /// The global budget, cost units per second.
+    /// The global budget, cost units per second (NaN under a peer: it has none).
     pub(crate) budget: f64,
-    /// The runaway's storm score (0 before it starts).
+    /// The runaway's storm score (0 before it starts, and under a peer).
     pub(crate) runaway_score: f64,
     /// Longest pool wait of the scans that arrived since the last sample.
     pub(crate) pool_wait: Duration,
@@ -193,6 +463,19 @@ pub(crate) struct AgentStats {
     pub(crate) p99: Duration,
 }
 
+/// The 99th percentile of `latencies` (sorted in place); zero when empty.
+fn p99(latencies: &mut [Duration]) -> Duration {
+    latencies.sort();
+    if latencies.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((latencies.len() as f64 * 0.99).ceil() as usize).clamp(1, latencies.len());
+    latencies[i - 1]
+}
+
+/// The sliding window over which the steady agents' p99 is followed in the slow drift.
+pub(crate) const DRIFT_WINDOW: Duration = Duration::from_secs(10);
+
 impl Report {
     /// Database scans that took longer than [`app::SLOW_QUERY`], pool wait included.
     pub(crate) fn slow_queries(&self) -> usize {
@@ -202,29 +485,26 @@ impl Report {
             .count()
     }
 
+    fn of(&self, agent: Agent) -> impl Iterator<Item = &CallRecord> {
+        self.calls.iter().filter(move |c| c.agent == agent)
+    }
+
     /// Figures of one agent kind.
     pub(crate) fn stats(&self, agent: Agent) -> AgentStats {
-        let calls: Vec<&CallRecord> = self.calls.iter().filter(|c| c.agent == agent).collect();
-        let mut s = AgentStats {
-            calls: calls.len(),
-            ..Default::default()
-        };
+        let mut s = AgentStats::default();
         let mut latencies = Vec::new();
-        for c in &calls {
+        for c in self.of(agent) {
+            s.calls += 1;
             match c.outcome {
                 Outcome::Ok => s.ok += 1,
                 Outcome::Throttled { .. } => s.throttled += 1,
                 Outcome::Error | Outcome::Timeout => s.failed += 1,
             }
-            if !matches!(c.outcome, Outcome::Throttled { .. }) {
+            if !c.refused() {
                 latencies.push(c.latency);
             }
         }
-        latencies.sort();
-        if !latencies.is_empty() {
-            let i = ((latencies.len() as f64 * 0.99).ceil() as usize).clamp(1, latencies.len());
-            s.p99 = latencies[i - 1];
-        }
+        s.p99 = p99(&mut latencies);
         let active = match agent {
             Agent::Runaway => self.settings.duration - self.settings.runaway_start,
             _ => self.settings.duration,
@@ -236,7 +516,7 @@ impl Report {
     /// Refusals of `agent`'s calls by reason, most frequent first.
     pub(crate) fn refusals(&self, agent: Agent) -> Vec<(String, usize)> {
         let mut counts: Vec<(String, usize)> = Vec::new();
-        for c in self.calls.iter().filter(|c| c.agent == agent) {
+        for c in self.of(agent) {
             if let Outcome::Throttled { reason, .. } = c.outcome {
                 let name = reason.map_or("unknown", Reason::as_str).to_owned();
                 match counts.iter_mut().find(|(n, _)| *n == name) {
@@ -249,35 +529,63 @@ impl Report {
         counts
     }
 
-    /// Share of the complex agent's calls that were refused.
-    pub(crate) fn complex_throttled(&self) -> f64 {
-        let s = self.stats(Agent::Complex);
+    /// Share of `agent`'s calls that were refused.
+    pub(crate) fn refused_share(&self, agent: Agent) -> f64 {
+        let s = self.stats(agent);
         s.throttled as f64 / s.calls.max(1) as f64
     }
 
+    /// Share of the complex agent's calls that were refused.
+    pub(crate) fn complex_throttled(&self) -> f64 {
+        self.refused_share(Agent::Complex)
+    }
+
+    /// Refusals of every agent but the clumsy session.
+    pub(crate) fn others_refused(&self) -> usize {
+        self.calls
+            .iter()
+            .filter(|c| c.agent != Agent::Clumsy && c.refused())
+            .count()
+    }
+
+    /// The stable global budget of the policy's configuration, cost units per second (`None`
+    /// under a peer).
+    pub(crate) fn stable_budget(&self) -> Option<f64> {
+        self.policy.config().map(|c| c.budget.stable_budget)
+    }
+
+    /// The lowest global budget sampled over the run (`None` under a peer: it has none).
+    pub(crate) fn budget_min(&self) -> Option<f64> {
+        self.samples
+            .iter()
+            .map(|s| s.budget)
+            .filter(|b| !b.is_nan())
+            .reduce(f64::min)
+    }
+
     fn runaway(&self) -> impl Iterator<Item = &CallRecord> {
-        self.calls.iter().filter(|c| c.agent == Agent::Runaway)
+        self.of(Agent::Runaway)
     }
 
     /// The runaway's calls that were not refused (they reached the server's tools).
     pub(crate) fn runaway_admitted(&self) -> usize {
-        self.runaway()
-            .filter(|c| !matches!(c.outcome, Outcome::Throttled { .. }))
-            .count()
+        self.runaway().filter(|c| !c.refused()).count()
     }
 
     /// How many calls the runaway had made when it was first refused (that one included).
     pub(crate) fn runaway_calls_to_first_throttle(&self) -> Option<usize> {
-        self.runaway()
-            .position(|c| matches!(c.outcome, Outcome::Throttled { .. }))
-            .map(|i| i + 1)
+        self.runaway().position(CallRecord::refused).map(|i| i + 1)
     }
 
     /// From the runaway's start to its first refusal.
     pub(crate) fn time_to_first_throttle(&self) -> Option<Duration> {
-        self.runaway()
-            .find(|c| matches!(c.outcome, Outcome::Throttled { .. }))
-            .map(|c| c.at - self.settings.runaway_start)
+        self.runaway_first_refused_at()
+            .map(|at| at - self.settings.runaway_start)
+    }
+
+    /// When the runaway was first refused, from the start of the run.
+    pub(crate) fn runaway_first_refused_at(&self) -> Option<Duration> {
+        self.runaway().find(|c| c.refused()).map(|c| c.at)
     }
 
     /// The runaway's calls sent after the first that went wrong for it (a failure, a timeout,
@@ -285,9 +593,7 @@ impl Report {
     /// when it was refused before anything went wrong; `None` when it was never refused.
     pub(crate) fn calls_after_trouble_until_throttle(&self) -> Option<usize> {
         let calls: Vec<&CallRecord> = self.runaway().collect();
-        let throttle = calls
-            .iter()
-            .position(|c| matches!(c.outcome, Outcome::Throttled { .. }))?;
+        let throttle = calls.iter().position(|c| c.refused())?;
         let trouble = calls.iter().position(|c| {
             matches!(c.outcome, Outcome::Error | Outcome::Timeout) || c.latency > app::SLOW_QUERY
         });
@@ -296,6 +602,195 @@ impl Report {
             _ => 0,
         })
     }
+
+    /// The steady agents' p99 before the runaway started (their calls not refused).
+    pub(crate) fn steady_p99_before_runaway(&self) -> Duration {
+        let mut before: Vec<Duration> = self
+            .of(Agent::Steady)
+            .filter(|c| !c.refused() && c.at < self.settings.runaway_start)
+            .map(|c| c.latency)
+            .collect();
+        p99(&mut before)
+    }
+
+    /// When the steady agents' p99, over the [`DRIFT_WINDOW`] of their calls sent before each
+    /// of them, first exceeded twice [`steady_p99_before_runaway`](Self::steady_p99_before_runaway)
+    /// after the runaway started (`None`: it never did). A refused call has no latency and is
+    /// left out.
+    pub(crate) fn steady_p99_doubled_at(&self) -> Option<Duration> {
+        let limit = self.steady_p99_before_runaway() * 2;
+        let steady: Vec<&CallRecord> = self.of(Agent::Steady).filter(|c| !c.refused()).collect();
+        let mut from = 0;
+        for (i, c) in steady.iter().enumerate() {
+            while steady[from].at + DRIFT_WINDOW <= c.at {
+                from += 1;
+            }
+            if c.at < self.settings.runaway_start {
+                continue;
+            }
+            let mut window: Vec<Duration> = steady[from..=i].iter().map(|c| c.latency).collect();
+            if p99(&mut window) > limit {
+                return Some(c.at);
+            }
+        }
+        None
+    }
+
+    /// Whether the runaway was first refused before the steady agents' p99 doubled (`Some`
+    /// only where there is a runaway).
+    pub(crate) fn runaway_cut_first(&self) -> Option<bool> {
+        self.settings.scenario.runaway()?;
+        Some(
+            match (
+                self.runaway_first_refused_at(),
+                self.steady_p99_doubled_at(),
+            ) {
+                (Some(cut), Some(doubled)) => cut < doubled,
+                (Some(_), None) => true,
+                (None, _) => false,
+            },
+        )
+    }
+}
+
+/// Whether a policy met a goal in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Met.
+    Met,
+    /// Missed.
+    Missed,
+    /// The goal says nothing about this run (e.g. no storm without protection).
+    NotApplicable,
+}
+
+/// One goal of a scenario, judged on one run.
+#[derive(Debug, Clone)]
+pub(crate) struct Goal {
+    /// What the goal asks.
+    pub(crate) name: &'static str,
+    /// Met or not.
+    pub(crate) verdict: Verdict,
+    /// What was measured.
+    pub(crate) detail: String,
+}
+
+impl Goal {
+    fn new(name: &'static str, met: bool, detail: String) -> Goal {
+        Goal {
+            name,
+            verdict: if met { Verdict::Met } else { Verdict::Missed },
+            detail,
+        }
+    }
+
+    /// Whether it was missed.
+    pub(crate) fn missed(&self) -> bool {
+        self.verdict == Verdict::Missed
+    }
+}
+
+/// Slow queries without protection below this: the "fewer slow queries" goal does not apply.
+pub(crate) const MEANINGFUL_SLOW: usize = 20;
+
+/// The goals of `r`'s scenario, judged on `r` against the same scenario without protection
+/// (`off`):
+///
+/// 1. at least 80% fewer slow backend queries than `off` (where `off` has at least
+///    [`MEANINGFUL_SLOW`]);
+/// 2. where there is a runaway: refused within 15 calls after its trouble started;
+/// 3. the complex and the novel agents refused on at most 1% of their calls;
+/// 4. the steady agents never refused;
+/// 5. clumsy only: nobody but the clumsy session refused, and the global budget never cut
+///    below stable (where the policy has a global budget).
+pub(crate) fn goals(r: &Report, off: &Report) -> Vec<Goal> {
+    let scenario = r.settings.scenario;
+    let mut goals = Vec::new();
+    let (slow, off_slow) = (r.slow_queries(), off.slow_queries());
+    if off_slow >= MEANINGFUL_SLOW {
+        let cut = 1.0 - slow as f64 / off_slow as f64;
+        goals.push(Goal::new(
+            "80% fewer slow queries",
+            cut >= 0.8,
+            format!(
+                "{slow} slow queries vs {off_slow} off ({:.0}% fewer)",
+                cut * 100.0
+            ),
+        ));
+    } else {
+        goals.push(Goal {
+            name: "80% fewer slow queries",
+            verdict: Verdict::NotApplicable,
+            detail: format!("{slow} slow queries vs {off_slow} off (no storm to cut)"),
+        });
+    }
+    if scenario.runaway().is_some() {
+        let after = r.calls_after_trouble_until_throttle();
+        goals.push(Goal::new(
+            "runaway refused within 15 calls of trouble",
+            after.is_some_and(|n| n <= 15),
+            match after {
+                Some(n) => format!("runaway refused {n} calls after its trouble began"),
+                None => "runaway never refused".into(),
+            },
+        ));
+    }
+    for (agent, present, name) in [
+        (
+            Agent::Complex,
+            scenario.has_complex(),
+            "complex agent refused on at most 1%",
+        ),
+        (
+            Agent::Novel,
+            scenario.has_novel(),
+            "novel agent refused on at most 1%",
+        ),
+    ] {
+        if present {
+            let share = r.refused_share(agent);
+            goals.push(Goal::new(
+                name,
+                share <= 0.01,
+                format!(
+                    "{} agent refused on {:.2}% of {} calls",
+                    agent.name(),
+                    share * 100.0,
+                    r.stats(agent).calls
+                ),
+            ));
+        }
+    }
+    let steady = r.stats(Agent::Steady).throttled;
+    goals.push(Goal::new(
+        "steady agents never refused",
+        steady == 0,
+        format!("steady agents refused {steady} times"),
+    ));
+    if scenario.has_clumsy() {
+        let others = r.others_refused();
+        goals.push(Goal::new(
+            "nobody but the clumsy session refused",
+            others == 0,
+            format!(
+                "others refused {others} times (clumsy {})",
+                r.stats(Agent::Clumsy).throttled
+            ),
+        ));
+        goals.push(match r.budget_min().zip(r.stable_budget()) {
+            Some((min, stable)) => Goal::new(
+                "global budget stays at stable",
+                min >= stable,
+                format!("global budget min {min:.0} (stable {stable:.0})"),
+            ),
+            None => Goal {
+                name: "global budget stays at stable",
+                verdict: Verdict::NotApplicable,
+                detail: "no global budget".into(),
+            },
+        });
+    }
+    goals
 }
 
 /// A small deterministic generator (SplitMix64): the run needs reproducible choices, not
@@ -394,6 +889,15 @@ async fn call(
 /// How long every agent waits for an answer before it gives up.
 const TIMEOUT: Duration = Duration::from_secs(1);
 
+/// After a call ended with `o`, the agent pauses `pause`, or longer when it was refused and
+/// told to wait.
+fn pause_after(o: Outcome, pause: Duration) -> Duration {
+    match o {
+        Outcome::Throttled { retry_after, .. } => retry_after.max(pause),
+        _ => pause,
+    }
+}
+
 /// A steady agent: the same report every second or so.
 async fn steady(
     client: Client,
@@ -412,11 +916,7 @@ async fn steady(
         );
         let o = call(&client, Agent::Steady, start, &log, params, TIMEOUT).await;
         let pause = rng.between(Duration::from_millis(900), Duration::from_millis(1100));
-        tokio::time::sleep(match o {
-            Outcome::Throttled { retry_after, .. } => retry_after.max(pause),
-            _ => pause,
-        })
-        .await;
+        tokio::time::sleep(pause_after(o, pause)).await;
     }
     client.cancel().await.ok();
 }
@@ -461,19 +961,9 @@ async fn complex(
         n += 2;
         let o = call(&client, Agent::Complex, start, &log, params, TIMEOUT).await;
         let pause = rng.between(Duration::from_millis(150), Duration::from_millis(350));
-        tokio::time::sleep(match o {
-            Outcome::Throttled { retry_after, .. } => retry_after.max(pause),
-            _ => pause,
-        })
-        .await;
+        tokio::time::sleep(pause_after(o, pause)).await;
     }
 }
-
-/// Parallel searches the runaway keeps open at first; it adds one every
-/// [`RUNAWAY_RAMP_EVERY`] up to [`RUNAWAY_MAX_WORKERS`].
-const RUNAWAY_WORKERS: u64 = 2;
-const RUNAWAY_MAX_WORKERS: u64 = 10;
-const RUNAWAY_RAMP_EVERY: Duration = Duration::from_secs(10);
 
 /// One of the runaway's parallel searches: a new query every time; an error or a timeout is
 /// retried at once with yet another query; a refusal is retried after its `retry_after_ms`.
@@ -513,13 +1003,21 @@ async fn runaway_worker(
     }
 }
 
-async fn runaway(client: Client, s: Settings, start: Instant, log: Arc<Mutex<Vec<CallRecord>>>) {
+/// The runaway: `ramp.first` parallel searches, one more every `ramp.every` up to
+/// `ramp.max`.
+async fn runaway(
+    client: Client,
+    ramp: Ramp,
+    s: Settings,
+    start: Instant,
+    log: Arc<Mutex<Vec<CallRecord>>>,
+) {
     let client = Arc::new(client);
     let end = start + s.duration;
     let mut workers = Vec::new();
     let mut next = 0;
-    while Instant::now() < end && next < RUNAWAY_MAX_WORKERS {
-        let n = if next == 0 { RUNAWAY_WORKERS } else { 1 };
+    while Instant::now() < end && next < ramp.max {
+        let n = if next == 0 { ramp.first } else { 1 };
         for _ in 0..n {
             workers.push(tokio::spawn(runaway_worker(
                 client.clone(),
@@ -530,26 +1028,73 @@ async fn runaway(client: Client, s: Settings, start: Instant, log: Arc<Mutex<Vec
             )));
             next += 1;
         }
-        tokio::time::sleep(RUNAWAY_RAMP_EVERY).await;
+        tokio::time::sleep(ramp.every).await;
     }
     for w in workers {
         w.await.expect("runaway worker");
     }
 }
 
-/// Runs the scenario once under `policy`. Call it on a runtime with a paused clock for a
-/// deterministic, fast run (it works on a real clock too, in real time).
+/// The clumsy session: all the time, a few calls a second, a tool that does not exist or a
+/// real tool with bad arguments (a missing required field, a wrong type); it shrugs off the
+/// errors and goes on at the same pace.
+async fn clumsy(client: Client, s: Settings, start: Instant, log: Arc<Mutex<Vec<CallRecord>>>) {
+    let mut rng = Rng::new(s.seed, 400);
+    let end = start + s.duration;
+    let mut n: u64 = 0;
+    while Instant::now() < end {
+        let params = match n % 6 {
+            0 => tool("sql_scna", json!({"table": "orders"})), // no such tool
+            1 => tool("sql_scan", json!({"tabel": "orders", "filter": "id = 1"})), // no `table`
+            2 => tool("sql_scan", json!({"table": 42})),       // `table` is a string
+            3 => tool("read_doc", json!({"document": "doc-1"})), // no `id`
+            4 => tool("vector_search", json!({"query": "notes", "top_k": "five"})), // not a number
+            _ => tool("delete_all_orders", json!({})),         // no such tool
+        };
+        n += 1;
+        let o = call(&client, Agent::Clumsy, start, &log, params, TIMEOUT).await;
+        let pause = rng.between(Duration::from_millis(250), Duration::from_millis(450));
+        tokio::time::sleep(pause_after(o, pause)).await;
+    }
+    client.cancel().await.ok();
+}
+
+/// The novel agent: one scan at a time of a query never seen (cold: the whole expensive
+/// scan), then 1-2 s to read the answer. Healthy: it never retries at once.
+async fn novel(client: Client, s: Settings, start: Instant, log: Arc<Mutex<Vec<CallRecord>>>) {
+    let mut rng = Rng::new(s.seed, 500);
+    let end = start + s.duration;
+    tokio::time::sleep(rng.between(Duration::ZERO, Duration::from_secs(1))).await;
+    let mut n: u64 = 0;
+    while Instant::now() < end {
+        let params = tool(
+            "sql_scan",
+            json!({
+                "table": "events",
+                "filter": format!("cohort = {n} and signal > {}", rng.next_u64() % 1000),
+            }),
+        );
+        n += 1;
+        let o = call(&client, Agent::Novel, start, &log, params, TIMEOUT).await;
+        let pause = rng.between(Duration::from_millis(1000), Duration::from_millis(2000));
+        tokio::time::sleep(pause_after(o, pause)).await;
+    }
+    client.cancel().await.ok();
+}
+
+/// Runs the scenario of `settings` once under `policy`. Call it on a runtime with a paused
+/// clock for a deterministic, fast run (it works on a real clock too, in real time).
 pub(crate) async fn run(policy: Policy, settings: Settings) -> Report {
-    let backend = Backend::with_cache(Duration::from_millis(50), Duration::from_millis(600));
-    let control = Control::new(policy.config()).expect("valid config");
-    let _tasks = control.spawn();
-    let router = control.wrap(app::mcp_router(backend.clone()));
+    let scenario = settings.scenario;
+    let backend = scenario.backend();
+    let (router, control) = policy.protect(app::mcp_router(backend.clone()));
+    let _tasks = control.as_ref().map(Control::spawn);
     let log = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
 
     let mut agents = Vec::new();
     for id in 0..settings.steady_agents {
-        let (client, _) = connect(&router, &format!("steady-{id}")).await;
+        let (client, _) = connect(&router, &scenario.tenant(&format!("steady-{id}"))).await;
         agents.push(tokio::spawn(steady(
             client,
             id,
@@ -558,24 +1103,35 @@ pub(crate) async fn run(policy: Policy, settings: Settings) -> Report {
             log.clone(),
         )));
     }
-    let complex_client = Arc::new(connect(&router, "complex").await.0);
-    for worker in 0..2 {
-        agents.push(tokio::spawn(complex(
-            complex_client.clone(),
-            worker,
-            settings,
-            start,
-            log.clone(),
-        )));
+    if scenario.has_complex() {
+        let complex_client = Arc::new(connect(&router, &scenario.tenant("complex")).await.0);
+        for worker in 0..2 {
+            agents.push(tokio::spawn(complex(
+                complex_client.clone(),
+                worker,
+                settings,
+                start,
+                log.clone(),
+            )));
+        }
+    }
+    if scenario.has_clumsy() {
+        let (client, _) = connect(&router, &scenario.tenant("clumsy")).await;
+        agents.push(tokio::spawn(clumsy(client, settings, start, log.clone())));
+    }
+    if scenario.has_novel() {
+        let (client, _) = connect(&router, &scenario.tenant("novel")).await;
+        agents.push(tokio::spawn(novel(client, settings, start, log.clone())));
     }
     let runaway_session: Arc<Mutex<Option<SessionId>>> = Arc::default();
-    {
+    if let Some(ramp) = scenario.runaway() {
         let (router, log, session) = (router.clone(), log.clone(), runaway_session.clone());
+        let tenant = scenario.tenant("runaway");
         agents.push(tokio::spawn(async move {
             tokio::time::sleep_until(start + settings.runaway_start).await;
-            let (client, id) = connect(&router, "runaway").await;
+            let (client, id) = connect(&router, &tenant).await;
             *session.lock().unwrap() = id;
-            runaway(client, settings, start, log).await;
+            runaway(client, ramp, settings, start, log).await;
         }));
     }
 
@@ -592,15 +1148,14 @@ pub(crate) async fn run(policy: Policy, settings: Settings) -> Report {
             .max()
             .unwrap_or_default();
         seen_scans = scans.len();
-        let runaway_score = runaway_session
-            .lock()
-            .unwrap()
+        let runaway_score = control
             .as_ref()
-            .and_then(|id| control.sessions().summary(id))
+            .zip(runaway_session.lock().unwrap().as_ref())
+            .and_then(|(control, id)| control.sessions().summary(id))
             .map_or(0.0, |s| s.score);
         samples.push(Sample {
             at: start.elapsed(),
-            budget: control.budget().current(),
+            budget: control.as_ref().map_or(f64::NAN, |c| c.budget().current()),
             runaway_score,
             pool_wait,
         });
