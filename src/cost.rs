@@ -3,7 +3,9 @@
 //! A cached read and a billion-row scan are not the same call. Each tool has a weight in
 //! cost units: fixed in config (seed 4.1's examples: a cached read 1, a large scan 50, a
 //! non-idempotent write 100) or `auto`, learned from the tool's smoothed service time and
-//! answer size relative to the cheapest observed tool, doubled for tools marked
+//! answer size relative to one cost unit: the cheapest tool configured at weight 1 as
+//! observed, but never less than [`UNIT_TIME`] and [`UNIT_BYTES`] (so an `auto` tool is not
+//! measured against itself or other auto tools), doubled for tools marked
 //! non-idempotent, clamped to `[min_weight, max_weight]`, refreshed on every budget tick.
 //! Tools not listed weigh `default_weight` (1). The classifier writes the weight into
 //! [`Call::cost`](crate::Call), and every budget charges it.
@@ -115,6 +117,11 @@ impl CostConfig {
 
 /// Smoothing of the per-tool service time and size.
 const LEARN_ALPHA: f64 = 0.2;
+/// The least service time one cost unit stands for, in seconds (1 ms): an `auto` tool of
+/// 50 ms weighs at most 50.
+pub const UNIT_TIME: f64 = 0.001;
+/// The least answer size one cost unit stands for, in bytes (1 KiB).
+pub const UNIT_BYTES: f64 = 1024.0;
 
 #[derive(Debug)]
 struct Learned {
@@ -143,15 +150,20 @@ impl Costs {
     /// Takes new settings (assumed valid), keeping the weights learned for tools still `auto`.
     pub fn reconfigure(&self, config: CostConfig) {
         for (tool, w) in &config.tools {
-            if let Weight::Auto(_) = w {
+            // Auto tools are learned, and the tools of weight 1 are measured as the unit.
+            if matches!(w, Weight::Auto(_) | Weight::Fixed(1)) {
                 self.learned.entry(tool.clone()).or_insert_with(|| Learned {
                     weight: AtomicU32::new(config.min_weight),
                     stats: Mutex::new((Ewma::new(LEARN_ALPHA), Ewma::new(LEARN_ALPHA))),
                 });
             }
         }
-        self.learned
-            .retain(|tool, _| matches!(config.tools.get(tool), Some(Weight::Auto(_))));
+        self.learned.retain(|tool, _| {
+            matches!(
+                config.tools.get(tool),
+                Some(Weight::Auto(_) | Weight::Fixed(1))
+            )
+        });
         self.config.store(Arc::new(config));
     }
 
@@ -186,10 +198,22 @@ impl Costs {
             })
             .collect();
         let config = self.config.load();
-        let min_time = stats.iter().map(|s| s.1).fold(f64::MAX, f64::min).max(1e-6);
-        let min_bytes = stats.iter().map(|s| s.2).fold(f64::MAX, f64::min).max(1.0);
+        let unit = |t: &String| config.tools.get(t) == Some(&Weight::Fixed(1));
+        // The cheapest weight-1 tool: the smallest of their figures, but at least the floor.
+        let cheapest = |pick: fn(&(String, f64, f64)) -> f64, floor: f64| {
+            stats
+                .iter()
+                .filter(|s| unit(&s.0))
+                .map(pick)
+                .reduce(f64::min)
+                .map_or(floor, |v| v.max(floor))
+        };
+        let (unit_time, unit_bytes) = (cheapest(|s| s.1, UNIT_TIME), cheapest(|s| s.2, UNIT_BYTES));
         for (tool, time, bytes) in stats {
-            let mut w = (time / min_time).max(bytes / min_bytes).round();
+            if !matches!(config.tools.get(&tool), Some(Weight::Auto(_))) {
+                continue; // a weight-1 tool, measured as the unit
+            }
+            let mut w = (time / unit_time).max(bytes / unit_bytes).round();
             if config.non_idempotent.contains(&tool) {
                 w *= 2.0;
             }
@@ -253,11 +277,49 @@ mod tests {
             observe(&costs, "cheap", 2, 100);
             observe(&costs, "vector_search", 50, 300);
             observe(&costs, "create_order", 10, 100);
+            observe(&costs, "cache_get", 4, 100);
         }
         costs.refresh();
-        assert_eq!(costs.weight("cheap"), 1);
-        assert_eq!(costs.weight("vector_search"), 25, "50 ms / 2 ms");
-        assert_eq!(costs.weight("create_order"), 10, "10 ms / 2 ms, doubled");
+        // One unit: the weight-1 tool cache_get (4 ms), not the cheapest auto tool (2 ms).
+        assert_eq!(costs.weight("cheap"), 1, "2 ms / 4 ms, at least min_weight");
+        assert_eq!(costs.weight("vector_search"), 13, "50 ms / 4 ms");
+        assert_eq!(
+            costs.weight("create_order"),
+            6,
+            "10 ms / 4 ms = 2.5 -> 3, doubled"
+        );
+        assert_eq!(costs.weight("cache_get"), 1, "fixed");
+    }
+
+    #[test]
+    fn the_only_auto_tool_is_not_measured_against_itself() {
+        // Issue finding: the only auto tool always weighed 1. A 0.35 ms weight-1 cache is
+        // under the 1 ms floor of a unit: 50 ms weighs 50.
+        let config: CostConfig =
+            serde_json::from_str(r#"{"tools":{"cache_get":1,"vector_search":"auto"}}"#).unwrap();
+        let costs = Costs::new(config);
+        for _ in 0..20 {
+            let call = Call::request("tools/call").with_tool("cache_get");
+            costs.observe(&Observation {
+                call: &call,
+                outcome: Outcome::Ok,
+                service_time: Duration::from_micros(350),
+                response_bytes: 200,
+                queue_wait: Duration::ZERO,
+            });
+            observe(&costs, "vector_search", 50, 600);
+        }
+        costs.refresh();
+        assert_eq!(costs.weight("vector_search"), 50);
+        // Without any weight-1 tool: against the floor alone.
+        let alone: CostConfig =
+            serde_json::from_str(r#"{"tools":{"vector_search":"auto"}}"#).unwrap();
+        let alone = Costs::new(alone);
+        for _ in 0..20 {
+            observe(&alone, "vector_search", 50, 600);
+        }
+        alone.refresh();
+        assert_eq!(alone.weight("vector_search"), 50);
     }
 
     #[test]

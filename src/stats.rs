@@ -60,16 +60,16 @@ impl Ewma {
 }
 
 /// Periods of a [`Baseline`].
-pub const BASELINE_PERIOD: Duration = Duration::from_secs(10);
+pub const BASELINE_PERIOD: Duration = Duration::from_secs(30);
 /// How many periods with samples a [`Baseline`] remembers: a change of latency becomes the
-/// new normal only once it has lasted this many periods (one minute).
-pub const BASELINE_PERIODS: usize = 6;
+/// new normal only once it has lasted this many periods (five minutes).
+pub const BASELINE_PERIODS: usize = 10;
 
 /// A tool's healthy latency that does not creep: the **minimum of the mean service times of
 /// the last [`BASELINE_PERIODS`] periods** of [`BASELINE_PERIOD`] that had samples (the one in
 /// progress included), like the minimum-RTT estimators of Netflix's concurrency-limits
 /// (Vegas) and Envoy's adaptive concurrency. A slowdown, sudden or drifting, reads as a
-/// slowdown for a whole minute; only one that lasts longer becomes the baseline. A tool
+/// slowdown for five minutes; only one that lasts longer becomes the baseline. A tool
 /// called rarely keeps what it learned (periods without samples are skipped, not counted as
 /// fast or slow). Feed it only calls that were not held back (no queue wait, no failure).
 ///
@@ -79,18 +79,19 @@ pub const BASELINE_PERIODS: usize = 6;
 ///
 /// let mut b = Baseline::default();
 /// let near = |v: Option<f64>, x: f64| (v.unwrap() - x).abs() < 1e-9;
-/// for s in 0..10 {
-///     b.record(Duration::from_secs(s), 0.2); // a healthy first period
+/// let at = |s: u64| Duration::from_secs(s);
+/// for s in 0..30 {
+///     b.record(at(s), 0.2); // a healthy first period
 /// }
 /// assert!(near(b.value(), 0.2));
-/// // A drift from 0.2 s to 0.9 s over the next 40 s does not move it.
-/// for s in 10..=50 {
-///     b.record(Duration::from_secs(s), 0.2 + 0.7 * (s - 10) as f64 / 40.0);
+/// // A drift from 0.2 s to 0.9 s over the next four minutes does not move it.
+/// for s in 30..=270 {
+///     b.record(at(s), 0.2 + 0.7 * (s - 30) as f64 / 240.0);
 /// }
 /// assert!(near(b.value(), 0.2));
-/// // Once slow for a whole minute, the new latency is the norm.
-/// for s in 51..=120 {
-///     b.record(Duration::from_secs(s), 0.9);
+/// // Once slow for five whole minutes, the new latency is the norm.
+/// for s in 271..=600 {
+///     b.record(at(s), 0.9);
 /// }
 /// assert!(near(b.value(), 0.9));
 /// ```

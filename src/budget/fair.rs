@@ -1,13 +1,15 @@
-//! Fair shares inside a shared bucket: which clients are under theirs.
+//! Fair shares inside a shared bucket: which clients are light, under theirs.
 //!
 //! A bucket many clients draw from is first come, first served: whoever calls most takes the
-//! burst, and a light caller arriving after it is refused. So each client's recent use is
-//! kept (cost units per second, decaying over [`MEMORY`]), and at every tick each group's
+//! burst, and a light caller arriving after it is refused. So each client's recent demand is
+//! kept (cost units asked per second, admitted or not, decaying over [`MEMORY`]: a client
+//! refused a lot is still heavy), and at every tick each group's
 //! (a tenant's, or the whole budget's) fair share per client is its rate divided among its
-//! active clients (those that asked in the last [`ASKED`], admitted or not). A call of a client at or under its fair share may spend the bucket's
+//! active clients (those that asked in the last [`ASKED`], admitted or not). A client using
+//! at most [`LIGHT`] of its fair part (this call included) is light: it may spend the bucket's
 //! reserve ([`Gcra::try_take_reserved`](super::Gcra::try_take_reserved)); the others see the
-//! plain bucket, so when the bucket is contended the refusals fall on those above their
-//! share.
+//! plain bucket, so when the bucket is contended the refusals fall on those above their share,
+//! and when everyone is at its share nobody has a reserve.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -16,20 +18,23 @@ use std::time::Duration;
 
 use crate::bounded::Bounded;
 
-/// How long a client's use keeps counting (its time constant).
+/// How long a client's demand keeps counting (its time constant).
 pub(crate) const MEMORY: Duration = Duration::from_secs(1);
-/// Clients whose use is kept at most; past it a new client is never under its share.
+/// Clients whose demand is kept at most; past it a new client is never light.
 pub(crate) const MAX_CLIENTS: usize = 100_000;
 /// A client that has not asked for this long is forgotten.
 const IDLE: Duration = Duration::from_secs(10);
+/// The share of its fair part a client may use and still be light (may spend the reserve):
+/// when every client is at its part, nobody is, and the bucket is plain for all.
+pub(crate) const LIGHT: f64 = 0.5;
 /// A client that asked (admitted or not) this recently is active: a light client refused by
 /// a bucket someone else drained still counts.
 const ASKED: Duration = Duration::from_secs(2);
 
-/// One client's recent use.
+/// One client's recent demand.
 #[derive(Debug)]
 pub(crate) struct Usage {
-    /// Cost units per second, decayed to `last`.
+    /// Cost units asked per second, decayed to `last`.
     rate: f64,
     /// When it was last decayed, ns from the budget's epoch.
     last: u64,
@@ -55,15 +60,15 @@ impl Part {
         self.clients.store(clients, Ordering::Relaxed);
     }
 
-    /// A client's fair part of the rate: the rate over the active clients, itself included
-    /// when no tick has counted it yet. With fewer than two there is nobody to be fair to,
+    /// How much a client may use and be light: [`LIGHT`] of its fair part of the rate (the
+    /// rate over the active clients, itself included when no tick has counted it yet). With fewer than two there is nobody to be fair to,
     /// and nobody is under it (the reserve is for contention, not a bigger burst).
     fn of(&self, counted: bool) -> f64 {
         let n = self.clients.load(Ordering::Relaxed) + usize::from(!counted);
         if n < 2 {
             -1.0
         } else {
-            f64::from_bits(self.rate.load(Ordering::Relaxed)) / n as f64
+            LIGHT * f64::from_bits(self.rate.load(Ordering::Relaxed)) / n as f64
         }
     }
 }
@@ -76,7 +81,7 @@ impl Usage {
     }
 }
 
-/// The use of every client, bounded.
+/// The demand of every client, bounded.
 #[derive(Debug)]
 pub(crate) struct Clients {
     map: Bounded<Arc<Mutex<Usage>>>,
@@ -98,7 +103,7 @@ impl Clients {
         self.map.key(name)
     }
 
-    /// The use of `client` of `group` (`None` past [`MAX_CLIENTS`]).
+    /// The demand of `client` of `group` (`None` past [`MAX_CLIENTS`]).
     pub(crate) fn get(&self, client: u64, group: u64, now: u64) -> Option<Arc<Mutex<Usage>>> {
         self.map.get_or_insert(client, MAX_CLIENTS, || {
             Arc::new(Mutex::new(Usage {
@@ -111,20 +116,14 @@ impl Clients {
         })
     }
 
-    /// Whether `usage` with a call of `cost` now stays at or under its fair part of `part`.
-    /// Marks the client as having asked now.
-    pub(crate) fn under(usage: &Mutex<Usage>, now: u64, cost: f64, part: &Part) -> bool {
+    /// Counts a call of `cost` asked now, and tells whether the client's demand with it is
+    /// light: at most [`LIGHT`] of its fair part of `part`.
+    pub(crate) fn ask(usage: &Mutex<Usage>, now: u64, cost: f64, part: &Part) -> bool {
         let mut u = lock(usage);
         u.decay(now);
         u.seen = u.seen.max(now);
-        u.rate + cost / MEMORY.as_secs_f64() <= part.of(u.counted)
-    }
-
-    /// Counts `cost` units spent now (negative: given back).
-    pub(crate) fn spend(usage: &Mutex<Usage>, now: u64, cost: f64) {
-        let mut u = lock(usage);
-        u.decay(now);
-        u.rate = (u.rate + cost / MEMORY.as_secs_f64()).max(0.0);
+        u.rate += cost / MEMORY.as_secs_f64();
+        u.rate <= part.of(u.counted)
     }
 
     /// Active clients per group now; forgets clients idle for [`IDLE`].
@@ -146,7 +145,7 @@ impl Clients {
         counts
     }
 
-    /// Clients whose use is kept.
+    /// Clients whose demand is kept.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.map.len()
@@ -160,7 +159,7 @@ mod tests {
     const S: u64 = 1_000_000_000;
 
     #[test]
-    fn use_decays_and_idle_clients_are_forgotten() {
+    fn demand_decays_and_idle_clients_are_forgotten() {
         let clients = Clients::new();
         let part = |rate: f64, n| {
             let p = Part::default();
@@ -168,32 +167,26 @@ mod tests {
             p
         };
         let u = clients.get(1, 7, 0).unwrap();
-        // Alone (not yet counted, nobody else): never under, the reserve is for contention.
-        assert!(!Clients::under(&u, 0, 0.0, &part(1000.0, 0)));
-        // Not yet counted beside one other: half of the rate.
-        assert!(Clients::under(&u, 0, 500.0, &part(1000.0, 1)));
-        assert!(!Clients::under(&u, 0, 501.0, &part(1000.0, 1)));
-        Clients::spend(&u, 0, 50.0);
-        assert!(!Clients::under(&u, 0, 0.0, &part(98.0, 1)));
-        assert!(Clients::under(&u, 0, 0.0, &part(100.0, 1)));
-        assert!(
-            !Clients::under(&u, 0, 1.0, &part(100.0, 1)),
-            "the call asked for counts"
-        );
-        // One time constant later: 50 / e.
-        assert!(Clients::under(&u, S, 0.0, &part(36.8, 1)));
-        assert!(!Clients::under(&u, S, 0.0, &part(36.7, 1)));
+        // Alone (not yet counted, nobody else): never light, the reserve is for contention.
+        assert!(!Clients::ask(&u, 0, 0.0, &part(1000.0, 0)));
+        // Not yet counted beside one other: its part is half the rate, light up to half of
+        // that. 250 units asked: light; 1 more: not.
+        assert!(Clients::ask(&u, 0, 250.0, &part(1000.0, 1)));
+        assert!(!Clients::ask(&u, 0, 1.0, &part(1000.0, 1)));
+        // One time constant later the 251 units/s are 92.3/s: light for a part of 185 or more.
+        assert!(!Clients::ask(&u, S, 0.0, &part(368.0, 1)));
+        assert!(Clients::ask(&u, S, 0.0, &part(372.0, 1)));
         drop(u);
         assert_eq!(clients.active(S).get(&7), Some(&1));
-        // Asking counts as activity even when nothing is spent.
+        // Asking is activity, admitted or not; a client gone quiet stops counting.
         let v = clients.get(2, 7, S).unwrap();
-        assert!(!Clients::under(&v, 5 * S, 0.0, &part(0.0, 0)));
+        assert!(!Clients::ask(&v, 5 * S, 0.0, &part(0.0, 0)));
+        drop(v);
         assert_eq!(
             clients.active(6 * S).get(&7),
             Some(&1),
             "only the one that asked"
         );
-        drop(v);
         // Gone quiet for 10 s: forgotten.
         assert!(clients.active(20 * S).is_empty());
         assert_eq!(clients.len(), 0);

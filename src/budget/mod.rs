@@ -140,7 +140,8 @@ struct TenantState {
     group: u64,
     /// Its share's fair parts among its sessions.
     fair: fair::Part,
-    /// Whether its use is at or under its weighted part of the global budget, set every tick.
+    /// Whether its demand is light (at most `fair::LIGHT` of its weighted part of the global
+    /// budget), set every tick.
     under_share: AtomicBool,
     /// The tenant's lease of its cluster-wide share (feature `redis`).
     #[cfg(feature = "redis")]
@@ -149,8 +150,6 @@ struct TenantState {
 
 struct TenantTick {
     demand: Ewma,
-    /// Smoothed admitted cost per second.
-    consumed: Ewma,
     idle: u32,
     allocation: f64,
 }
@@ -402,7 +401,6 @@ impl Budget {
                     // Earned at its first tick, if under its part: a newcomer has no savings.
                     under_share: AtomicBool::new(false),
                     tick: Mutex::new(TenantTick {
-                        consumed: Ewma::with_prior(st.config.alpha, 0.0),
                         demand: Ewma::new(st.config.alpha),
                         idle: 0,
                         allocation: rate,
@@ -605,9 +603,11 @@ impl Budget {
             }
             let mut tick = t.tick.lock().unwrap_or_else(PoisonError::into_inner);
             tick.allocation = rate;
-            let used = tick.consumed.update(consumed);
-            t.under_share
-                .store(active.len() > 1 && used <= weighted, Ordering::Relaxed);
+            let demand = tick.demand.value().unwrap_or(0.0);
+            t.under_share.store(
+                active.len() > 1 && demand <= fair::LIGHT * weighted,
+                Ordering::Relaxed,
+            );
         }
         let newcomer = budget / (active.len() + 1) as f64;
         inner
@@ -657,8 +657,6 @@ pub struct BudgetPermit {
     cost: u64,
     charge: Charge,
     leased: Leased,
-    /// The client's use, counted in adaptive mode.
-    usage: Option<Arc<Mutex<fair::Usage>>>,
 }
 
 impl std::fmt::Debug for TenantState {
@@ -705,7 +703,6 @@ impl Budget {
                 tenant: charged,
             },
             leased: Leased::default(),
-            usage: None,
         })
     }
 
@@ -730,7 +727,7 @@ impl Budget {
             let usage = inner.clients.get(client, 0, now);
             let under = usage
                 .as_ref()
-                .is_some_and(|u| fair::Clients::under(u, now, cost as f64, &inner.fair));
+                .is_some_and(|u| fair::Clients::ask(u, now, cost as f64, &inner.fair));
             take(&inner.global, under)
                 .map_err(|w| Self::reject(Reason::GlobalBudgetExceeded, Scope::Global, w))?;
             let leased = self.take_leases(leasing, None, cost).map_err(|(r, s, w)| {
@@ -742,7 +739,6 @@ impl Budget {
                 cost,
                 charge: Charge::Adaptive { guaranteed: false },
                 leased,
-                usage,
             });
         }
         let tenant = self.tenant(&call.tenant);
@@ -752,7 +748,7 @@ impl Budget {
         let usage = inner.clients.get(client, tenant.group, now);
         let session_under = usage
             .as_ref()
-            .is_some_and(|u| fair::Clients::under(u, now, cost as f64, &tenant.fair));
+            .is_some_and(|u| fair::Clients::ask(u, now, cost as f64, &tenant.fair));
         // With one tenant active, the global bucket is contended by its sessions alone.
         let tenant_under = if inner.tenants_active.load(Ordering::Relaxed) > 1 {
             tenant.under_share.load(Ordering::Relaxed)
@@ -805,7 +801,6 @@ impl Budget {
             cost,
             charge: Charge::Adaptive { guaranteed },
             leased,
-            usage,
         })
     }
 }
@@ -822,7 +817,6 @@ impl Admission for Budget {
                 cost: 0,
                 charge: Charge::Free,
                 leased: Leased::default(),
-                usage: None,
             });
         }
         let now = self.now();
@@ -834,14 +828,10 @@ impl Admission for Budget {
                 cost,
                 charge: Charge::Free,
                 leased: Leased::default(),
-                usage: None,
             },
             Mode::Fixed => self.admit_fixed(call, cost, now, &policy)?,
             Mode::Adaptive => self.admit_adaptive(call, cost, now, &policy)?,
         };
-        if let Some(u) = &permit.usage {
-            fair::Clients::spend(u, now, cost as f64);
-        }
         // Measured in every mode.
         self.inner.sampler.admitted(cost);
         if let Some(t) = &permit.tenant {
@@ -878,9 +868,6 @@ impl Admission for Budget {
                     t.fixed.refund(now, cost);
                 }
             }
-        }
-        if let Some(u) = &permit.usage {
-            fair::Clients::spend(u, now, -(cost as f64));
         }
         inner.sampler.refunded(cost);
     }

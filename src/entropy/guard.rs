@@ -820,7 +820,7 @@ impl SessionGuard {
         }
         let healthy = !cancelled && !o.outcome.is_failure() && ratio <= config.latency_tolerance;
         // The tool's healthy latency learns from every call nothing held back; being the
-        // minimum of a minute's period means, a slowdown does not teach it for a minute.
+        // minimum of five minutes' period means, a slowdown does not teach it for five minutes.
         if !cancelled && !o.outcome.is_failure() && o.queue_wait.is_zero() {
             let tools = &self.inner.tool_latency;
             if let Some(b) = tools.get_or_insert(tools.key(tool), MAX_TOOLS, Default::default) {
