@@ -9,8 +9,14 @@
 //! ones leaves both at 0; trouble spread over most clients moves them at once.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
+
+use crate::bounded::PassThrough;
+
+/// Clients are keyed hashes already: the maps take them as they are.
+type ByClient = HashMap<u64, Counts, BuildHasherDefault<PassThrough>>;
 
 /// How long a client's calls keep counting: their weight halves about every 0.7 s of this.
 pub(crate) const MEMORY: Duration = Duration::from_secs(1);
@@ -44,8 +50,8 @@ pub(crate) struct Shares {
 /// Per-client counts of this tick and the decayed counts across ticks.
 #[derive(Debug)]
 pub(crate) struct Census {
-    tick: Vec<Mutex<HashMap<u64, Counts>>>,
-    table: Mutex<HashMap<u64, Counts>>,
+    tick: Vec<Mutex<ByClient>>,
+    table: Mutex<ByClient>,
 }
 
 fn lower_median(values: &mut [f64]) -> f64 {

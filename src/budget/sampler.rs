@@ -90,38 +90,38 @@ impl Sampler {
             return; // says nothing about the backend's health
         }
         let secs = o.service_time.as_secs_f64();
+        let failed = o.outcome.is_failure();
+        let cancelled = o.outcome == Outcome::Cancelled;
+        // The healthy latency learns only from calls nothing held back.
+        let learns = !failed && !cancelled && o.queue_wait.is_zero();
         let key = self.tools.key(tool);
-        let baseline = self
-            .tools
-            .get(key)
-            .and_then(|b| b.lock().unwrap_or_else(PoisonError::into_inner).value());
+        let entry = match self.tools.get(key) {
+            None if learns => self.tools.get_or_insert(key, MAX_TOOLS, Default::default),
+            found => found,
+        };
+        // One lock: judged against what was learned before it, then taught.
+        let baseline = entry.as_ref().and_then(|b| {
+            let mut b = b.lock().unwrap_or_else(PoisonError::into_inner);
+            let before = b.value();
+            if learns {
+                b.record(now, secs);
+            }
+            before
+        });
         let slow = config.is_slow(secs, baseline);
-        match o.outcome {
+        if cancelled {
             // A call its client gave up on ran at least this long: a censored latency sample,
             // evidence of slowness when that is already slow, of nothing otherwise. Without
             // it a backend slow enough that every client times out would look fast.
-            Outcome::Cancelled => {
-                if slow {
-                    self.census.record(client, false, true);
-                }
+            if slow {
+                self.census.record(client, false, true);
             }
-            outcome => {
-                self.completed.fetch_add(1, Ordering::Relaxed);
-                let failed = outcome.is_failure();
-                if failed {
-                    self.errors.fetch_add(1, Ordering::Relaxed);
-                }
-                self.census.record(client, failed, slow);
-                // The healthy latency learns only from calls nothing held back.
-                if !failed
-                    && o.queue_wait.is_zero()
-                    && let Some(b) = self.tools.get_or_insert(key, MAX_TOOLS, Default::default)
-                {
-                    b.lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .record(now, secs);
-                }
+        } else {
+            self.completed.fetch_add(1, Ordering::Relaxed);
+            if failed {
+                self.errors.fetch_add(1, Ordering::Relaxed);
             }
+            self.census.record(client, failed, slow);
         }
         let micros = u64::try_from(o.service_time.as_micros()).unwrap_or(u64::MAX);
         let shard = SHARD.with(|s| *s);
