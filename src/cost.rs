@@ -117,9 +117,10 @@ impl CostConfig {
 
 /// Smoothing of the per-tool service time and size.
 const LEARN_ALPHA: f64 = 0.2;
-/// The least service time one cost unit stands for, in seconds (1 ms): an `auto` tool of
-/// 50 ms weighs at most 50.
-pub const UNIT_TIME: f64 = 0.001;
+/// The least service time one cost unit stands for, in seconds: 5 ms, the default
+/// `latency_floor_ms` under which latency differences are noise. An `auto` tool of 50 ms weighs
+/// at most 10.
+pub const UNIT_TIME: f64 = 0.005;
 /// The least answer size one cost unit stands for, in bytes (1 KiB).
 pub const UNIT_BYTES: f64 = 1024.0;
 
@@ -277,16 +278,16 @@ mod tests {
             observe(&costs, "cheap", 2, 100);
             observe(&costs, "vector_search", 50, 300);
             observe(&costs, "create_order", 10, 100);
-            observe(&costs, "cache_get", 4, 100);
+            observe(&costs, "cache_get", 8, 100);
         }
         costs.refresh();
-        // One unit: the weight-1 tool cache_get (4 ms), not the cheapest auto tool (2 ms).
-        assert_eq!(costs.weight("cheap"), 1, "2 ms / 4 ms, at least min_weight");
-        assert_eq!(costs.weight("vector_search"), 13, "50 ms / 4 ms");
+        // One unit: the weight-1 tool cache_get (8 ms), not the cheapest auto tool (2 ms).
+        assert_eq!(costs.weight("cheap"), 1, "2 ms / 8 ms, at least min_weight");
+        assert_eq!(costs.weight("vector_search"), 6, "50 ms / 8 ms = 6.25");
         assert_eq!(
             costs.weight("create_order"),
-            6,
-            "10 ms / 4 ms = 2.5 -> 3, doubled"
+            2,
+            "10 ms / 8 ms = 1.25 -> 1, doubled"
         );
         assert_eq!(costs.weight("cache_get"), 1, "fixed");
     }
@@ -294,7 +295,7 @@ mod tests {
     #[test]
     fn the_only_auto_tool_is_not_measured_against_itself() {
         // Issue finding: the only auto tool always weighed 1. A 0.35 ms weight-1 cache is
-        // under the 1 ms floor of a unit: 50 ms weighs 50.
+        // under the 5 ms floor of a unit: 50 ms weighs 10.
         let config: CostConfig =
             serde_json::from_str(r#"{"tools":{"cache_get":1,"vector_search":"auto"}}"#).unwrap();
         let costs = Costs::new(config);
@@ -310,7 +311,7 @@ mod tests {
             observe(&costs, "vector_search", 50, 600);
         }
         costs.refresh();
-        assert_eq!(costs.weight("vector_search"), 50);
+        assert_eq!(costs.weight("vector_search"), 10);
         // Without any weight-1 tool: against the floor alone.
         let alone: CostConfig =
             serde_json::from_str(r#"{"tools":{"vector_search":"auto"}}"#).unwrap();
@@ -319,7 +320,7 @@ mod tests {
             observe(&alone, "vector_search", 50, 600);
         }
         alone.refresh();
-        assert_eq!(alone.weight("vector_search"), 50);
+        assert_eq!(alone.weight("vector_search"), 10);
     }
 
     #[test]
