@@ -60,8 +60,10 @@ fn allocations_per_call_stay_under_their_ceiling() {
     });
 }
 
-/// Measured: 222 to 235 allocations per call in four runs (the stack's timers run on the real
-/// clock); 246 on 6faae52; the bare rmcp router: 179.
-const ALLOCS_CEILING: f64 = 250.0;
-/// Measured: 22 637 to 23 829 bytes per call; 26 348 on 6faae52.
-const BYTES_CEILING: f64 = 25_500.0;
+/// Measured: 230 to 241 allocations per call in twelve runs here (the stack's timers run on
+/// the real clock), 245 once in a clean-clone CI run; 222 to 235 before the census and the
+/// fair shares (another machine); 246 on 6faae52; the bare rmcp router: 179.
+const ALLOCS_CEILING: f64 = 260.0;
+/// Measured: 23 401 to 24 928 bytes per call here, 25 550 once in CI; 22 637 to 23 829
+/// before the census and the fair shares; 26 348 on 6faae52.
+const BYTES_CEILING: f64 = 27_000.0;

@@ -98,8 +98,9 @@ impl Census {
             c.slow *= decay;
         }
         for shard in &self.tick {
-            let counts = std::mem::take(&mut *shard.lock().unwrap_or_else(PoisonError::into_inner));
-            for (client, n) in counts {
+            // Drained, not replaced: the map keeps its room for the next tick.
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            for (client, n) in shard.drain() {
                 let full = table.len() >= MAX_CLIENTS;
                 let key = if full && !table.contains_key(&client) {
                     OVERFLOW
