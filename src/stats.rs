@@ -129,6 +129,60 @@ impl Baseline {
     }
 }
 
+/// Tools whose healthy latency is learned at most (a server's tool set may be dynamic; an
+/// unknown tool is a client error and never learned).
+pub const MAX_TOOLS: usize = 4096;
+
+/// Every tool's [`Baseline`], bounded at [`MAX_TOOLS`] (keyed hashes of the names), shared
+/// by the controller and the session guard.
+#[derive(Debug)]
+pub(crate) struct ToolBaselines {
+    tools: crate::bounded::Bounded<std::sync::Arc<std::sync::Mutex<Baseline>>>,
+}
+
+impl ToolBaselines {
+    pub(crate) fn new() -> Self {
+        ToolBaselines {
+            tools: crate::bounded::Bounded::new(),
+        }
+    }
+
+    /// `tool`'s healthy latency before a call of `secs` seconds at `now`, which then teaches
+    /// it when `learns` (nothing held the call back): one lookup, one lock.
+    pub(crate) fn judge(&self, tool: &str, now: Duration, secs: f64, learns: bool) -> Option<f64> {
+        let key = self.tools.key(tool);
+        let entry = match self.tools.get(key) {
+            None if learns => self.tools.get_or_insert(key, MAX_TOOLS, Default::default),
+            found => found,
+        }?;
+        let mut b = entry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = b.value();
+        if learns {
+            b.record(now, secs);
+        }
+        before
+    }
+
+    /// `tool`'s healthy latency, once learned.
+    pub(crate) fn get(&self, tool: &str) -> Option<f64> {
+        self.tools.get(self.tools.key(tool)).and_then(|b| {
+            b.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .value()
+        })
+    }
+
+    /// At the cap (a dynamic tool set), forgets every tool to learn afresh rather than stop
+    /// learning; the background tick or sweep calls it.
+    pub(crate) fn renew_if_full(&self) {
+        if self.tools.len() >= MAX_TOOLS {
+            self.tools.retain(|_| false);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,7 +30,7 @@ pub use state::{Breaker, BreakerState, MIN_FAILING_CLIENTS};
 
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::Call;
-use crate::entropy::SessionGuard;
+use crate::entropy::{ClientKeys, SessionGuard};
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
@@ -132,9 +132,7 @@ struct Inner {
     config: ArcSwap<BreakerConfig>,
     breakers: DashMap<String, Arc<Mutex<Breaker>>>,
     /// Who a call's client is (see [`CircuitBreakers::following`]).
-    sessions: std::sync::OnceLock<SessionGuard>,
-    /// Keys of session ids when no guard is followed.
-    keys: std::hash::RandomState,
+    clients: ClientKeys,
 }
 
 impl std::fmt::Debug for CircuitBreakers {
@@ -169,8 +167,7 @@ impl CircuitBreakers {
                 switch,
                 config: ArcSwap::from_pointee(config),
                 breakers: DashMap::new(),
-                sessions: std::sync::OnceLock::new(),
-                keys: std::hash::RandomState::new(),
+                clients: ClientKeys::default(),
             }),
         })
     }
@@ -181,7 +178,7 @@ impl CircuitBreakers {
     /// of [`MIN_FAILING_CLIENTS`] clients. Set once; [`Control`](crate::control::Control)
     /// sets it.
     pub fn following(self, sessions: SessionGuard) -> Self {
-        let _ = self.inner.sessions.set(sessions);
+        self.inner.clients.follow(sessions);
         self
     }
 
@@ -267,13 +264,7 @@ impl Observer for CircuitBreakers {
         };
         let config = self.inner.config.load();
         let slow = o.service_time >= config.slow_call;
-        let client = match self.inner.sessions.get() {
-            Some(guard) => guard.judged_as(o.call),
-            None => {
-                use std::hash::BuildHasher;
-                self.inner.keys.hash_one(o.call.session.as_str())
-            }
-        };
+        let client = self.inner.clients.of(o.call);
         lock(&breaker).record(
             self.inner.epoch.elapsed(),
             (o.outcome.is_failure(), slow, client),

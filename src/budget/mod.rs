@@ -57,7 +57,7 @@ pub use tenant::{DEMAND_HEADROOM, TenantConfig, allocate};
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::{Call, Tenant};
 use crate::cost::{CostConfig, Costs};
-use crate::entropy::SessionGuard;
+use crate::entropy::{ClientKeys, SessionGuard};
 use crate::error::ConfigError;
 use crate::metrics;
 use crate::outcome::{Observation, Observer};
@@ -94,9 +94,10 @@ struct Inner {
     /// Rate a tenant not seen before starts with, until the next tick sizes its share.
     newcomer_rate: AtomicU64,
     costs: Arc<Costs>,
-    /// Whose calls the health census counts one by one (see [`BudgetBuilder::sessions`]).
-    sessions: Option<SessionGuard>,
-    /// Each client's recent use, for the fair shares inside the shared buckets.
+    /// Who a call's client is, for the census and the fair shares (see
+    /// [`BudgetBuilder::sessions`]).
+    client_keys: ClientKeys,
+    /// Each client's recent demand, for the fair shares inside the shared buckets.
     clients: fair::Clients,
     /// Without tenants: the global budget's fair parts.
     fair: fair::Part,
@@ -256,7 +257,7 @@ impl BudgetBuilder {
                 tenants: DashMap::new(),
                 newcomer_rate: AtomicU64::new(stable.to_bits()),
                 costs: Arc::new(Costs::new(self.costs)),
-                sessions: self.sessions,
+                client_keys: ClientKeys::default(),
                 clients: fair::Clients::new(),
                 fair: fair::Part::default(),
                 tenants_active: std::sync::atomic::AtomicUsize::new(0),
@@ -265,6 +266,9 @@ impl BudgetBuilder {
                 shared: self.shared,
             }),
         };
+        if let Some(sessions) = self.sessions {
+            budget.inner.client_keys.follow(sessions);
+        }
         budget.apply_policy();
         #[cfg(feature = "redis")]
         if let Some(shared) = &budget.inner.shared {
@@ -743,8 +747,8 @@ impl Budget {
         }
         let tenant = self.tenant(&call.tenant);
         tenant.demand.fetch_add(cost, Ordering::Relaxed);
-        // Inside its tenant's share a session under its fair part may spend the reserve; in
-        // the global bucket, a tenant under its weighted part.
+        // Inside its tenant's share a light session may spend the reserve; in the global
+        // bucket, a light tenant.
         let usage = inner.clients.get(client, tenant.group, now);
         let session_under = usage
             .as_ref()
@@ -878,15 +882,10 @@ impl Budget {
     pub fn tool_baseline(&self, tool: &str) -> Option<f64> {
         self.inner.sampler.baseline(tool)
     }
-}
 
-impl Budget {
     /// The client a call counts for: as the session guard judges it, else its session id.
     fn client(&self, call: &Call) -> u64 {
-        match &self.inner.sessions {
-            Some(guard) => guard.judged_as(call),
-            None => self.inner.sampler.client(&call.session),
-        }
+        self.inner.client_keys.of(call)
     }
 }
 

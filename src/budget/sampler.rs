@@ -8,13 +8,8 @@ use hdrhistogram::Histogram;
 
 use super::census::Census;
 use super::{BudgetConfig, TickStats};
-use crate::bounded::Bounded;
 use crate::outcome::{Observation, Outcome};
-use crate::stats::Baseline;
-
-/// Tools whose healthy latency is learned at most (a server's tool set may be dynamic; an
-/// unknown tool is a client error and never learned).
-pub(crate) const MAX_TOOLS: usize = 4096;
+use crate::stats::ToolBaselines;
 
 /// Service-time histograms are sharded so recording takes an uncontended lock.
 const SHARDS: usize = 16;
@@ -35,7 +30,7 @@ pub(crate) struct Sampler {
     errors: AtomicU64,
     histograms: Vec<Mutex<Histogram<u64>>>,
     /// Each tool's healthy latency.
-    tools: Bounded<std::sync::Arc<Mutex<Baseline>>>,
+    tools: ToolBaselines,
     census: Census,
 }
 
@@ -52,7 +47,7 @@ impl Sampler {
             completed: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             histograms: (0..SHARDS).map(|_| Mutex::new(histogram())).collect(),
-            tools: Bounded::new(),
+            tools: ToolBaselines::new(),
             census: Census::new(),
         }
     }
@@ -94,20 +89,8 @@ impl Sampler {
         let cancelled = o.outcome == Outcome::Cancelled;
         // The healthy latency learns only from calls nothing held back.
         let learns = !failed && !cancelled && o.queue_wait.is_zero();
-        let key = self.tools.key(tool);
-        let entry = match self.tools.get(key) {
-            None if learns => self.tools.get_or_insert(key, MAX_TOOLS, Default::default),
-            found => found,
-        };
-        // One lock: judged against what was learned before it, then taught.
-        let baseline = entry.as_ref().and_then(|b| {
-            let mut b = b.lock().unwrap_or_else(PoisonError::into_inner);
-            let before = b.value();
-            if learns {
-                b.record(now, secs);
-            }
-            before
-        });
+        // Judged against what was learned before it, then taught.
+        let baseline = self.tools.judge(tool, now, secs, learns);
         let slow = config.is_slow(secs, baseline);
         if cancelled {
             // A call its client gave up on ran at least this long: a censored latency sample,
@@ -131,20 +114,14 @@ impl Sampler {
             .saturating_record(micros.max(1));
     }
 
-    /// The census's client of a session id when no session guard says better.
-    pub(crate) fn client(&self, session: &crate::call::SessionId) -> u64 {
-        self.tools.key(session.as_str())
-    }
-
     /// A tool's healthy latency in seconds, once learned.
     pub(crate) fn baseline(&self, tool: &str) -> Option<f64> {
-        self.tools
-            .get(self.tools.key(tool))
-            .and_then(|b| b.lock().unwrap_or_else(PoisonError::into_inner).value())
+        self.tools.get(tool)
     }
 
     /// Takes the tick's figures (of a tick of `interval`) and starts the next tick.
     pub(crate) fn take(&self, interval: Duration) -> TickStats {
+        self.tools.renew_if_full();
         let mut merged = histogram();
         for h in &self.histograms {
             let mut h = h.lock().unwrap_or_else(PoisonError::into_inner);

@@ -20,15 +20,13 @@ use crate::metrics;
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
-use crate::stats::{Baseline, Ewma};
+use crate::stats::{Ewma, ToolBaselines};
 
 /// The pool of the tenants past `max_tenants`.
 pub const OVERFLOW_SESSION: &str = "~overflow";
 /// How a tenant's unverified pool is named in the top-N view: this, then the tenant.
 pub const UNVERIFIED_PREFIX: &str = "~unverified:";
-/// Tools whose healthy service time is learned at most (names are the client's choice; an
-/// unknown tool is a client error and never learned, but a server's tool set may be dynamic).
-pub const MAX_TOOLS: usize = 4096;
+pub use crate::stats::MAX_TOOLS;
 /// Smoothing of a session's error rate and latency ratio, per finished call.
 const HEALTH_ALPHA: f64 = 0.2;
 /// Smoothing of a session's healthy entropy baseline.
@@ -377,7 +375,7 @@ struct Inner {
     /// The pool of tenants past `max_tenants`.
     overflow: Arc<Pool>,
     /// Each tool's healthy service time, by a keyed hash of its name.
-    tool_latency: Bounded<Arc<Mutex<Baseline>>>,
+    tool_latency: ToolBaselines,
     top: Mutex<Vec<SessionSummary>>,
 }
 
@@ -415,7 +413,7 @@ impl SessionGuard {
                 epoch: Instant::now(),
                 sessions: Bounded::new(),
                 pools: Bounded::new(),
-                tool_latency: Bounded::new(),
+                tool_latency: ToolBaselines::new(),
                 top: Mutex::new(Vec::new()),
                 config: ArcSwap::from_pointee(config),
             }),
@@ -637,11 +635,7 @@ impl SessionGuard {
         };
         self.inner.sessions.retain(|s| keep(s));
         self.inner.pools.retain(|p| keep(&p.state));
-        let tools = &self.inner.tool_latency;
-        if tools.len() >= MAX_TOOLS {
-            // Dynamic tool sets: start learning afresh rather than stop learning.
-            tools.retain(|_| false);
-        }
+        self.inner.tool_latency.renew_if_full();
         if let Some(first) = top.first() {
             ::metrics::gauge!(metrics::SESSION_TOP_SCORE).set(first.score);
         }
@@ -687,13 +681,6 @@ impl SessionGuard {
                 SessionGuard { inner }.sweep();
             }
         })
-    }
-
-    fn tool_baseline(&self, tool: &str) -> Option<f64> {
-        let tools = &self.inner.tool_latency;
-        tools
-            .get(tools.key(tool))
-            .and_then(|e| e.lock().unwrap_or_else(PoisonError::into_inner).value())
     }
 }
 
@@ -803,7 +790,13 @@ impl SessionGuard {
         let config = self.inner.config.load();
         let secs = o.service_time.as_secs_f64().max(1e-6);
         let floor = config.latency_floor.as_secs_f64();
-        let ratio = self.tool_baseline(tool).map_or(1.0, |b| {
+        let cancelled = o.outcome == Outcome::Cancelled;
+        // The tool's healthy latency learns from every call nothing held back; being the
+        // minimum of five minutes' period means, a slowdown does not teach it for five minutes.
+        let learns = !cancelled && !o.outcome.is_failure() && o.queue_wait.is_zero();
+        let now = Duration::from_nanos(self.now());
+        let baseline = self.inner.tool_latency.judge(tool, now, secs, learns);
+        let ratio = baseline.map_or(1.0, |b| {
             let ratio = secs / b.max(1e-6);
             // Within the floor of its healthy latency: noise, not slowness.
             if secs <= b + floor {
@@ -812,23 +805,12 @@ impl SessionGuard {
                 ratio
             }
         });
-        let cancelled = o.outcome == Outcome::Cancelled;
         if cancelled && ratio <= config.latency_tolerance {
             // A call its client gave up on ran at least this long: evidence of slowness when
             // that is already too slow, of nothing otherwise.
             return;
         }
         let healthy = !cancelled && !o.outcome.is_failure() && ratio <= config.latency_tolerance;
-        // The tool's healthy latency learns from every call nothing held back; being the
-        // minimum of five minutes' period means, a slowdown does not teach it for five minutes.
-        if !cancelled && !o.outcome.is_failure() && o.queue_wait.is_zero() {
-            let tools = &self.inner.tool_latency;
-            if let Some(b) = tools.get_or_insert(tools.key(tool), MAX_TOOLS, Default::default) {
-                b.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .record(Duration::from_nanos(self.now()), secs);
-            }
-        }
         let entry = match tracked {
             Some(s) => s,
             None => {
@@ -882,6 +864,30 @@ impl Observer for SessionGuard {
         if !accepted && o.outcome == Outcome::Ok {
             // The server answered a call on this id: it is a real session.
             self.accept(&o.call.session, &o.call.tenant);
+        }
+    }
+}
+
+/// Who a call's client is, for the stages that count clients (the budget's census and fair
+/// shares, the breakers): as a followed [`SessionGuard`] judges it, else a keyed hash of its
+/// session id.
+#[derive(Debug, Default)]
+pub(crate) struct ClientKeys {
+    sessions: std::sync::OnceLock<SessionGuard>,
+    keys: std::hash::RandomState,
+}
+
+impl ClientKeys {
+    /// Follows `sessions` from now on (set once; later calls change nothing).
+    pub(crate) fn follow(&self, sessions: SessionGuard) {
+        let _ = self.sessions.set(sessions);
+    }
+
+    /// The client `call` counts for.
+    pub(crate) fn of(&self, call: &Call) -> u64 {
+        match self.sessions.get() {
+            Some(guard) => guard.judged_as(call),
+            None => std::hash::BuildHasher::hash_one(&self.keys, call.session.as_str()),
         }
     }
 }

@@ -43,6 +43,7 @@ mod score;
 mod shannon;
 mod window;
 
+pub(crate) use guard::ClientKeys;
 pub use guard::{
     MAX_TOOLS, OVERFLOW_SESSION, SessionConfig, SessionGuard, SessionPermit, SessionSummary,
     UNVERIFIED_PREFIX,
