@@ -191,6 +191,9 @@ async fn admin_changes_go_through_the_one_reload_counted_kept_and_logged() {
     let _log = tracing::subscriber::set_default(
         tracing_subscriber::fmt().with_writer(logs.clone()).finish(),
     );
+    // Another test thread may have cached a callsite's interest before this subscriber
+    // existed (seen once in CI: the refusal's log line missing).
+    tracing::callsite::rebuild_interest_cache();
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let metrics = recorder.handle();
     let _metrics = metrics::set_default_local_recorder(&recorder);

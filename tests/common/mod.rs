@@ -203,6 +203,8 @@ impl Logs {
                 .with_writer(logs.clone())
                 .finish(),
         );
+        // Another test thread may have cached a callsite's interest before this subscriber.
+        tracing::callsite::rebuild_interest_cache();
         (logs, guard)
     }
 
