@@ -6,7 +6,7 @@
 //! goals each policy met, and writes `storm.svg` for the storm scenario.
 //!
 //! ```text
-//! cargo run --release --example storm [-- --scenario NAME --seed N --out storm.svg]
+//! cargo run --release --example storm [-- --scenario NAME --policy KEY --seed N --out storm.svg]
 //! ```
 //!
 //! Every agent is rmcp's own MCP client; the example server is the real rmcp service behind
@@ -190,11 +190,19 @@ fn main() {
     let mut seed = None;
     let mut only = None;
     let mut out = String::from("storm.svg");
+    let mut policies: Vec<Policy> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--seed" => seed = Some(args.next().and_then(|v| v.parse().ok()).expect("--seed N")),
             "--out" => out = args.next().expect("--out FILE"),
+            "--policy" => {
+                let key = args.next().expect("--policy KEY");
+                policies.push(Policy::from_key(&key).unwrap_or_else(|| {
+                    let keys: Vec<String> = Policy::ALL.iter().map(|p| p.key()).collect();
+                    panic!("unknown policy {key}; one of {}", keys.join(", "))
+                }));
+            }
             "--scenario" => {
                 let name = args.next().expect("--scenario NAME");
                 only = Some(Scenario::from_name(&name).unwrap_or_else(|| {
@@ -203,7 +211,9 @@ fn main() {
                 }));
             }
             other => {
-                panic!("unknown argument {other}; use --scenario NAME, --seed N or --out FILE")
+                panic!(
+                    "unknown argument {other}; use --scenario NAME, --policy KEY, --seed N or --out FILE"
+                )
             }
         }
     }
@@ -220,12 +230,14 @@ fn main() {
         if let Some(seed) = seed {
             settings.seed = seed;
         }
+        // `off` always runs: every goal is judged against it.
         let reports: Vec<Report> = Policy::ALL
             .iter()
+            .filter(|&&p| p == Policy::Off || policies.is_empty() || policies.contains(&p))
             .map(|&p| runtime.block_on(scenario::run(p, settings)))
             .collect();
         print(scenario, &reports);
-        if scenario == Scenario::Storm {
+        if scenario == Scenario::Storm && policies.is_empty() {
             chart(&reports, &out).expect("the chart is written");
             println!("chart: {out}\n");
         }

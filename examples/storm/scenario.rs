@@ -267,6 +267,24 @@ impl Policy {
         }
     }
 
+    /// Its short name (`--policy KEY`): `off`, `fixed8`, `fixed2`, `stormgate`, `governor8`,
+    /// `governor2`, `aimd`, `vegas`.
+    pub(crate) fn key(self) -> String {
+        match self {
+            Policy::Off => "off".into(),
+            Policy::Fixed(rate) => format!("fixed{rate}"),
+            Policy::Stormgate => "stormgate".into(),
+            Policy::Governor(rate) => format!("governor{rate}"),
+            Policy::Aimd => "aimd".into(),
+            Policy::Vegas => "vegas".into(),
+        }
+    }
+
+    /// The policy whose [`key`](Self::key) is `key`.
+    pub(crate) fn from_key(key: &str) -> Option<Policy> {
+        Policy::ALL.into_iter().find(|p| p.key() == key)
+    }
+
     /// The stack's configuration under this policy (`None` for a peer: no stormgate stack).
     pub(crate) fn config(self) -> Option<Config> {
         let text = match self {
