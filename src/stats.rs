@@ -147,10 +147,14 @@ impl ToolBaselines {
         }
     }
 
-    /// `tool`'s healthy latency before a call of `secs` seconds at `now`, which then teaches
-    /// it when `learns` (nothing held the call back): one lookup, one lock.
-    pub(crate) fn judge(&self, tool: &str, now: Duration, secs: f64, learns: bool) -> Option<f64> {
-        let key = self.tools.key(tool);
+    /// The store's key of `tool`, for [`judge`](Self::judge) and [`OwnBaselines`].
+    pub(crate) fn key(&self, tool: &str) -> u64 {
+        self.tools.key(tool)
+    }
+
+    /// The healthy latency of the tool at `key` before a call of `secs` seconds at `now`,
+    /// which then teaches it when `learns` (nothing held the call back): one lookup, one lock.
+    pub(crate) fn judge(&self, key: u64, now: Duration, secs: f64, learns: bool) -> Option<f64> {
         let entry = match self.tools.get(key) {
             None if learns => self.tools.get_or_insert(key, MAX_TOOLS, Default::default),
             found => found,
@@ -180,6 +184,50 @@ impl ToolBaselines {
         if self.tools.len() >= MAX_TOOLS {
             self.tools.retain(|_| false);
         }
+    }
+}
+
+/// Tools one client's [`OwnBaselines`] holds at most; past it, the tool it called longest
+/// ago is forgotten.
+pub const OWN_TOOLS: usize = 4;
+
+/// One client's own healthy latency for each of the few tools it calls: a [`Baseline`] per
+/// tool (at most [`OWN_TOOLS`], keyed by [`ToolBaselines`]' key of the name), learned like
+/// the tool's, from its own calls that nothing held back. Some work is slow by nature (a new,
+/// cold query every call): against its own norm it is not slow, while contention (queue
+/// wait) and a slowdown still are. No heap until the first tool is learned.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct OwnBaselines(Vec<(u64, Duration, Baseline)>);
+
+impl OwnBaselines {
+    /// [`ToolBaselines::judge`] for this client's own calls of the tool at `key`.
+    pub(crate) fn judge(
+        &mut self,
+        key: u64,
+        now: Duration,
+        secs: f64,
+        learns: bool,
+    ) -> Option<f64> {
+        let i = match self.0.iter().position(|(k, ..)| *k == key) {
+            Some(i) => i,
+            None if learns => {
+                if self.0.len() >= OWN_TOOLS
+                    && let Some(oldest) = (0..self.0.len()).min_by_key(|&i| self.0[i].1)
+                {
+                    self.0.swap_remove(oldest);
+                }
+                self.0.push((key, now, Baseline::default()));
+                self.0.len() - 1
+            }
+            None => return None,
+        };
+        let (_, last, b) = &mut self.0[i];
+        *last = now;
+        let before = b.value();
+        if learns {
+            b.record(now, secs);
+        }
+        before
     }
 }
 
@@ -262,6 +310,46 @@ mod tests {
             let (lo, hi) = xs.iter().fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
             let v = e.value().unwrap();
             prop_assert!(v >= lo - 1e-6 && v <= hi + 1e-6);
+        }
+
+        /// Against a naive reference that keeps every tool's samples and forgets, past
+        /// OWN_TOOLS tools, the one called longest ago: the same judgements.
+        #[test]
+        fn own_baselines_keep_the_tools_called_last(
+            calls in proptest::collection::vec((0u64..8, 1u64..1000, any::<bool>()), 1..200),
+        ) {
+            let mut own = OwnBaselines::default();
+            // Per tool: its key, when it was last called, and every sample it learned.
+            type Samples = Vec<(Duration, f64)>;
+            let mut naive: Vec<(u64, u64, Samples)> = Vec::new();
+            for (t, (tool, ms, learns)) in calls.into_iter().enumerate() {
+                let now = Duration::from_secs(t as u64);
+                let secs = ms as f64 / 1e3;
+                let got = own.judge(tool, now, secs, learns);
+                let expected = match naive.iter().position(|(k, ..)| *k == tool) {
+                    Some(i) => {
+                        naive[i].1 = t as u64;
+                        let mut b = Baseline::default();
+                        naive[i].2.iter().for_each(|&(at, x)| b.record(at, x));
+                        if learns {
+                            naive[i].2.push((now, secs));
+                        }
+                        b.value()
+                    }
+                    None => {
+                        if learns {
+                            if naive.len() == OWN_TOOLS {
+                                let oldest = (0..naive.len()).min_by_key(|&i| naive[i].1).unwrap();
+                                naive.remove(oldest);
+                            }
+                            naive.push((tool, t as u64, vec![(now, secs)]));
+                        }
+                        None
+                    }
+                };
+                prop_assert_eq!(got, expected);
+                prop_assert!(own.0.len() <= OWN_TOOLS);
+            }
         }
     }
 }

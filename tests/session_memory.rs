@@ -6,6 +6,7 @@ use std::alloc::System;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use stormgate::admit::Admission;
 use stormgate::entropy::{SessionConfig, SessionGuard};
+use stormgate::outcome::{Observation, Observer, Outcome};
 use stormgate::{Call, SessionId};
 
 #[global_allocator]
@@ -46,11 +47,34 @@ fn bytes_per_tracked_session() {
     // share of the sharded map.
     assert!(
         per_session < 600.0,
-        "{per_session:.0} bytes per session (README: 494)"
+        "{per_session:.0} bytes per session (README: 518)"
     );
     assert!(
         per_session > 200.0,
         "{per_session:.0} bytes per session: is anything counted?"
     );
     println!("bytes per tracked session: {per_session:.0}");
+
+    // Once each session has finished that call, it also holds its own healthy latency for
+    // the tool (`stats::OwnBaselines`, room for four tools).
+    let region = Region::new(GLOBAL);
+    for c in &calls {
+        g.observe(&Observation {
+            call: c,
+            outcome: Outcome::Ok,
+            service_time: std::time::Duration::from_millis(50),
+            response_bytes: 100,
+            queue_wait: std::time::Duration::ZERO,
+        });
+    }
+    let stats = region.change();
+    let live =
+        stats.bytes_allocated as isize - stats.bytes_deallocated as isize + stats.bytes_reallocated;
+    let own = live as f64 / n as f64;
+    assert!(
+        own <= 400.0,
+        "{own:.0} more bytes per session with a finished call (README: 320)"
+    );
+    assert!(own > 0.0, "{own:.0} bytes: is anything counted?");
+    println!("more bytes per session with a finished call: {own:.0}");
 }

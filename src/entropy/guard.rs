@@ -20,7 +20,7 @@ use crate::metrics;
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
-use crate::stats::{Ewma, ToolBaselines};
+use crate::stats::{Ewma, OwnBaselines, ToolBaselines};
 
 /// The pool of the tenants past `max_tenants`.
 pub const OVERFLOW_SESSION: &str = "~overflow";
@@ -55,7 +55,9 @@ pub struct SessionConfig {
     pub resource_keys: BTreeMap<String, Vec<String>>,
     /// A session's budget when healthy, cost units per second. Default 5 (stormgate's choice).
     pub base_budget: f64,
-    /// Bucket size, cost units. Default 10 (stormgate's choice).
+    /// Bucket size, cost units; also the most debt the backend time of slow calls may leave
+    /// in it (a call is charged, when it ends, for the time it held past its tool's healthy
+    /// latency). Default 10 (stormgate's choice).
     pub burst: f64,
     /// How hard the storm score cuts the budget: factor `exp(-coefficient x score)`.
     /// Default 0.2 (seed 4.2: start at 0.2; too large catches complex tasks).
@@ -70,8 +72,8 @@ pub struct SessionConfig {
     /// Ratio to the tools' healthy latency a healthy session may have. Default 1.5.
     pub latency_tolerance: f64,
     /// A call at most this much slower than its tool's healthy latency is never slow, whatever
-    /// the ratio (`latency_floor_ms`): milliseconds of noise on a sub-millisecond tool are not
-    /// distress. Default 5 ms.
+    /// the ratio (`latency_floor_ms`), nor charged for its time: milliseconds of noise on a
+    /// sub-millisecond tool are not distress. Default 5 ms.
     #[serde(rename = "latency_floor_ms", with = "crate::duration_ms")]
     pub latency_floor: Duration,
     /// Finished calls a session needs before its health or storm score may cut its budget
@@ -226,6 +228,8 @@ struct Session {
     errors: Ewma,
     latency: Ewma,
     entropy_baseline: Ewma,
+    /// Its own healthy latency per tool it calls.
+    own: OwnBaselines,
     tokens: f64,
     factor: f64,
     score: f64,
@@ -442,6 +446,7 @@ impl SessionGuard {
             errors: Ewma::with_prior(HEALTH_ALPHA, 0.0),
             latency: Ewma::with_prior(HEALTH_ALPHA, 1.0),
             entropy_baseline: Ewma::new(BASELINE_ALPHA),
+            own: OwnBaselines::default(),
             tokens: config.burst,
             factor: 1.0,
             score: 0.0,
@@ -795,22 +800,9 @@ impl SessionGuard {
         // minimum of five minutes' period means, a slowdown does not teach it for five minutes.
         let learns = !cancelled && !o.outcome.is_failure() && o.queue_wait.is_zero();
         let now = Duration::from_nanos(self.now());
-        let baseline = self.inner.tool_latency.judge(tool, now, secs, learns);
-        let ratio = baseline.map_or(1.0, |b| {
-            let ratio = secs / b.max(1e-6);
-            // Within the floor of its healthy latency: noise, not slowness.
-            if secs <= b + floor {
-                ratio.min(1.0)
-            } else {
-                ratio
-            }
-        });
-        if cancelled && ratio <= config.latency_tolerance {
-            // A call its client gave up on ran at least this long: evidence of slowness when
-            // that is already too slow, of nothing otherwise.
-            return;
-        }
-        let healthy = !cancelled && !o.outcome.is_failure() && ratio <= config.latency_tolerance;
+        let tools = &self.inner.tool_latency;
+        let key = tools.key(tool);
+        let common = tools.judge(key, now, secs, learns);
         let entry = match tracked {
             Some(s) => s,
             None => {
@@ -822,6 +814,44 @@ impl SessionGuard {
             }
         };
         let mut s = lock(&entry);
+        // A call is judged against the slower of its tool's healthy latency and the session's
+        // own: work slow by nature (a new, cold query every call) is not slowness. The first
+        // call of a tool that nothing held back is the session's own norm.
+        let own = s
+            .own
+            .judge(key, now, secs, learns)
+            .or(learns.then_some(secs));
+        let norm = match (common, own) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let ratio = norm.map_or(1.0, |b| {
+            let ratio = secs / b.max(1e-6);
+            // Within the floor of its healthy latency: noise, not slowness.
+            if secs <= b + floor {
+                ratio.min(1.0)
+            } else {
+                ratio
+            }
+        });
+        // But it costs what it took: past its tool's healthy latency, the backend time it held
+        // is charged to the session when it ends, one more weight per healthy latency (or per
+        // floor, for a tool faster than that: under it, time is noise), down to one burst of
+        // debt. Expensive work is spared by the score, not given the backend.
+        if let Some(c) = common
+            && secs > c + floor
+            && self.inner.switch.load().mode == Mode::Adaptive
+        {
+            let extra = f64::from(o.call.cost.max(1)) * (secs - c) / c.max(floor).max(1e-6);
+            s.tokens = (s.tokens - extra).max(-config.burst);
+            s.consumed += extra / config.window_size.as_secs_f64();
+        }
+        if cancelled && ratio <= config.latency_tolerance {
+            // A call its client gave up on ran at least this long: evidence of slowness when
+            // that is already too slow, of nothing otherwise.
+            return;
+        }
+        let healthy = !cancelled && !o.outcome.is_failure() && ratio <= config.latency_tolerance;
         s.finished += 1;
         s.errors
             .update(if o.outcome.is_failure() { 1.0 } else { 0.0 });
