@@ -560,3 +560,80 @@ async fn in_a_contended_tenant_the_sessions_above_their_share_are_refused_not_th
         "heavy {heavy_admitted}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_bursting_runaway_does_not_get_a_complex_agents_heavier_calls_refused() {
+    // One tenant, 1000 units/s, measured over real HTTP with the Python SDK (stop 24): a
+    // runaway whose searches come back together after each refusal, beside four steady
+    // sessions (a 50-unit scan a second) and a complex agent mixing five tools (1, 10, 50, 1
+    // and 100 units, one call every 177 ms: 183 units/s). The complex agent asks less than its
+    // max-min fair part (1000 - 4 x 50 - 183 = 617 is left for the runaway), but its 100-unit
+    // calls spike its recent demand; a one-second demand memory let them past half its part
+    // and into the plain bucket the runaway's bursts had just drained (3 of 280 refused; 12
+    // with an equal split of the tenant's rate instead of the max-min level).
+    let budget = Budget::builder(BudgetConfig::default())
+        .costs(CostConfig {
+            tools: [
+                ("cache_get".to_owned(), Weight::Fixed(1)),
+                ("vector_search".to_owned(), Weight::Fixed(10)),
+                ("sql_scan".to_owned(), Weight::Fixed(50)),
+                ("read_doc".to_owned(), Weight::Fixed(1)),
+                ("create_order".to_owned(), Weight::Fixed(100)),
+            ]
+            .into(),
+            ..CostConfig::default()
+        })
+        .build();
+    let call = |session: &str, tool: &str, cost: u32| {
+        let mut c = Call::request("tools/call")
+            .with_tool(tool)
+            .with_session(stormgate::SessionId::new(session));
+        c.cost = cost;
+        c
+    };
+    let steady: Vec<Call> = (0..4)
+        .map(|i| call(&format!("steady-{i}"), "sql_scan", 50))
+        .collect();
+    let complex = [
+        call("complex", "cache_get", 1),
+        call("complex", "vector_search", 10),
+        call("complex", "sql_scan", 50),
+        call("complex", "read_doc", 1),
+        call("complex", "create_order", 100),
+    ];
+    let runaway = call("runaway", "sql_scan", 50);
+    let (mut light_refused, mut light_calls, mut runaway_admitted) = (0, 0, 0);
+    let mut n = 0;
+    for step in 0..30_000u64 {
+        // From 1 s on, so the first ticks have seen everyone.
+        if step >= 1000 {
+            if step % 1000 == 0 {
+                for _ in 0..16 {
+                    runaway_admitted += usize::from(budget.admit(&runaway).is_ok());
+                }
+            }
+            for (i, c) in steady.iter().enumerate() {
+                if step % 1000 == 250 * i as u64 + 100 {
+                    light_calls += 1;
+                    light_refused += usize::from(budget.admit(c).is_err());
+                }
+            }
+            if step % 177 == 0 {
+                light_calls += 1;
+                light_refused += usize::from(budget.admit(&complex[n % 5]).is_err());
+                n += 1;
+            }
+        }
+        tokio::time::advance(ms(1)).await;
+        if (step + 1) % 100 == 0 {
+            budget.tick();
+        }
+    }
+    assert_eq!(
+        light_refused, 0,
+        "of {light_calls} steady and complex calls"
+    );
+    // The runaway gets the plain bucket (100 units, full again after each second) at each
+    // burst: 2 of its 16 scans, 29 times.
+    assert_eq!(runaway_admitted, 58);
+}

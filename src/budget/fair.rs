@@ -3,13 +3,14 @@
 //! A bucket many clients draw from is first come, first served: whoever calls most takes the
 //! burst, and a light caller arriving after it is refused. So each client's recent demand is
 //! kept (cost units asked per second, admitted or not, decaying over [`MEMORY`]: a client
-//! refused a lot is still heavy), and at every tick each group's
-//! (a tenant's, or the whole budget's) fair share per client is its rate divided among its
-//! active clients (those that asked in the last [`ASKED`], admitted or not). A client using
-//! at most [`LIGHT`] of its fair part (this call included) is light: it may spend the bucket's
-//! reserve ([`Gcra::try_take_reserved`](super::Gcra::try_take_reserved)); the others see the
-//! plain bucket, so when the bucket is contended the refusals fall on those above their share,
-//! and when everyone is at its share nobody has a reserve.
+//! refused a lot is still heavy), and at every tick each group's (a tenant's, or the whole
+//! budget's) fair part per client is the **max-min fair level** of its rate among its active
+//! clients' demands (those that asked in the last [`ASKED`], admitted or not; [`level`]): what
+//! each may have when nobody gets more than anyone who wants more. A client using at most
+//! [`LIGHT`] of that (this call included) is light: it may spend the bucket's reserve
+//! ([`Gcra::try_take_reserved`](super::Gcra::try_take_reserved)); the others see the plain
+//! bucket, so when the bucket is contended the refusals fall on those above their share, and
+//! when everyone is at its share nobody has a reserve.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -18,8 +19,11 @@ use std::time::Duration;
 
 use crate::bounded::Bounded;
 
-/// How long a client's demand keeps counting (its time constant).
-pub(crate) const MEMORY: Duration = Duration::from_secs(1);
+/// How long a client's demand keeps counting (its time constant): long enough that a client
+/// paused by its refusals' `retry_after` is still heavy when it comes back, and that one heavy
+/// call of a light client is a small step of its demand (a second was not: stop 24 measured
+/// a complex agent's 100-unit calls pushed past half its part).
+pub(crate) const MEMORY: Duration = Duration::from_secs(5);
 /// Clients whose demand is kept at most; past it a new client is never light.
 pub(crate) const MAX_CLIENTS: usize = 100_000;
 /// A client that has not asked for this long is forgotten.
@@ -46,27 +50,54 @@ pub(crate) struct Usage {
     counted: bool,
 }
 
-/// A group's rate and active clients, set every tick: what a fair part is.
+/// A group's rate, active clients and fair level, set every tick: what a fair part is.
 #[derive(Debug, Default)]
 pub(crate) struct Part {
     rate: AtomicU64,
+    level: AtomicU64,
     clients: AtomicUsize,
 }
 
+/// The max-min fair level of `rate` among clients asking `demands` (units/s): the `L` with
+/// `sum(min(d, L)) = rate`, so every client asking less than `L` may have all it asks and the
+/// others `L` each. When everyone's demand fits, the heaviest demand (or the equal split, if
+/// more): the heaviest client has no reserve then either. At least `rate / n` always.
+pub(crate) fn level(rate: f64, demands: &mut [f64]) -> f64 {
+    let n = demands.len();
+    if n == 0 {
+        return rate;
+    }
+    demands.sort_by(f64::total_cmp);
+    let mut left = rate;
+    for (i, &d) in demands.iter().enumerate() {
+        let k = (n - i) as f64;
+        if d * k >= left {
+            return left / k;
+        }
+        left -= d;
+    }
+    demands[n - 1].max(rate / n as f64)
+}
+
 impl Part {
-    /// Sets the group's rate (units/s) and its active clients.
-    pub(crate) fn set(&self, rate: f64, clients: usize) {
+    /// Sets the group's rate (units/s) and its active clients' demands.
+    pub(crate) fn set(&self, rate: f64, demands: &mut [f64]) {
         self.rate.store(rate.to_bits(), Ordering::Relaxed);
-        self.clients.store(clients, Ordering::Relaxed);
+        self.level
+            .store(level(rate, demands).to_bits(), Ordering::Relaxed);
+        self.clients.store(demands.len(), Ordering::Relaxed);
     }
 
-    /// How much a client may use and be light: [`LIGHT`] of its fair part of the rate (the
-    /// rate over the active clients, itself included when no tick has counted it yet). With fewer than two there is nobody to be fair to,
-    /// and nobody is under it (the reserve is for contention, not a bigger burst).
+    /// How much a client may use and be light: [`LIGHT`] of the group's fair level, or, for a
+    /// client no tick has counted yet, of the rate split equally among the active clients and
+    /// itself. With fewer than two there is nobody to be fair to, and nobody is under it (the
+    /// reserve is for contention, not a bigger burst).
     fn of(&self, counted: bool) -> f64 {
         let n = self.clients.load(Ordering::Relaxed) + usize::from(!counted);
         if n < 2 {
             -1.0
+        } else if counted {
+            LIGHT * f64::from_bits(self.level.load(Ordering::Relaxed))
         } else {
             LIGHT * f64::from_bits(self.rate.load(Ordering::Relaxed)) / n as f64
         }
@@ -126,23 +157,24 @@ impl Clients {
         u.rate <= part.of(u.counted)
     }
 
-    /// Active clients per group now; forgets clients idle for [`IDLE`].
-    pub(crate) fn active(&self, now: u64) -> HashMap<u64, usize> {
-        let mut counts = HashMap::new();
+    /// The demands of the active clients of each group now; forgets clients idle for
+    /// [`IDLE`].
+    pub(crate) fn active(&self, now: u64) -> HashMap<u64, Vec<f64>> {
+        let mut demands: HashMap<u64, Vec<f64>> = HashMap::new();
         let idle = u64::try_from(IDLE.as_nanos()).unwrap_or(u64::MAX);
         let asked = u64::try_from(ASKED.as_nanos()).unwrap_or(u64::MAX);
         self.map.retain(|usage| {
             let mut u = lock(usage);
             u.decay(now);
             if now.saturating_sub(u.seen) < asked {
-                *counts.entry(u.group).or_insert(0) += 1;
+                demands.entry(u.group).or_default().push(u.rate);
                 u.counted = true;
             } else {
                 u.counted = false;
             }
             now.saturating_sub(u.seen) < idle || Arc::strong_count(usage) > 1
         });
-        counts
+        demands
     }
 
     /// Clients whose demand is kept.
@@ -158,37 +190,79 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
+    /// A part of `rate` among `n` clients that each ask nothing (the equal split).
+    fn part(rate: f64, n: usize) -> Part {
+        let p = Part::default();
+        p.set(rate, &mut vec![0.0; n]);
+        p
+    }
+
     #[test]
     fn demand_decays_and_idle_clients_are_forgotten() {
         let clients = Clients::new();
-        let part = |rate: f64, n| {
-            let p = Part::default();
-            p.set(rate, n);
-            p
-        };
         let u = clients.get(1, 7, 0).unwrap();
         // Alone (not yet counted, nobody else): never light, the reserve is for contention.
         assert!(!Clients::ask(&u, 0, 0.0, &part(1000.0, 0)));
         // Not yet counted beside one other: its part is half the rate, light up to half of
-        // that. 250 units asked: light; 1 more: not.
-        assert!(Clients::ask(&u, 0, 250.0, &part(1000.0, 1)));
+        // that. 1250 units asked (250/s over the 5 s memory): light; 1 more: not.
+        assert!(Clients::ask(&u, 0, 1250.0, &part(1000.0, 1)));
         assert!(!Clients::ask(&u, 0, 1.0, &part(1000.0, 1)));
-        // One time constant later the 251 units/s are 92.3/s: light for a part of 185 or more.
-        assert!(!Clients::ask(&u, S, 0.0, &part(368.0, 1)));
-        assert!(Clients::ask(&u, S, 0.0, &part(372.0, 1)));
+        // One time constant later the 250.2 units/s are 92.0/s: light for a part of 184 or
+        // more.
+        assert!(!Clients::ask(&u, 5 * S, 0.0, &part(366.0, 1)));
+        assert!(Clients::ask(&u, 5 * S, 0.0, &part(370.0, 1)));
         drop(u);
-        assert_eq!(clients.active(S).get(&7), Some(&1));
+        assert_eq!(clients.active(5 * S).get(&7).map(Vec::len), Some(1));
         // Asking is activity, admitted or not; a client gone quiet stops counting.
-        let v = clients.get(2, 7, S).unwrap();
-        assert!(!Clients::ask(&v, 5 * S, 0.0, &part(0.0, 0)));
+        let v = clients.get(2, 7, 5 * S).unwrap();
+        assert!(!Clients::ask(&v, 9 * S, 0.0, &part(0.0, 0)));
         drop(v);
         assert_eq!(
-            clients.active(6 * S).get(&7),
-            Some(&1),
+            clients.active(10 * S).get(&7).map(Vec::len),
+            Some(1),
             "only the one that asked"
         );
         // Gone quiet for 10 s: forgotten.
-        assert!(clients.active(20 * S).is_empty());
+        assert!(clients.active(25 * S).is_empty());
         assert_eq!(clients.len(), 0);
+    }
+
+    #[test]
+    fn the_level_is_max_min_fair() {
+        // 1000 among 4 x 50, 190 and a runaway asking 2000: the runaway gets what is left,
+        // 610, and the others all they ask.
+        let mut d = vec![50.0, 2000.0, 50.0, 190.0, 50.0, 50.0];
+        assert_eq!(level(1000.0, &mut d), 610.0);
+        // Everyone at the same demand past the rate: the equal split.
+        assert_eq!(level(1000.0, &mut [400.0; 4]), 250.0);
+        // Everyone fits: the heaviest demand, or the equal split if more.
+        assert_eq!(level(1000.0, &mut [300.0, 100.0]), 500.0);
+        assert_eq!(level(1000.0, &mut [900.0, 50.0]), 900.0);
+    }
+
+    proptest::proptest! {
+        /// Against a naive bisection of `sum(min(d, L)) = rate`.
+        #[test]
+        fn the_level_matches_a_bisection(
+            rate in 1.0f64..1e5,
+            demands in proptest::collection::vec(0.0f64..1e5, 1..40),
+        ) {
+            let total: f64 = demands.iter().sum();
+            let n = demands.len() as f64;
+            let expected = if total <= rate {
+                demands.iter().copied().fold(0.0, f64::max).max(rate / n)
+            } else {
+                let (mut lo, mut hi) = (0.0, rate);
+                for _ in 0..200 {
+                    let mid = (lo + hi) / 2.0;
+                    let given: f64 = demands.iter().map(|&d| d.min(mid)).sum();
+                    if given < rate { lo = mid } else { hi = mid }
+                }
+                hi
+            };
+            let got = level(rate, &mut demands.clone());
+            proptest::prop_assert!((got - expected).abs() <= 1e-6 * expected.max(1.0), "{got} vs {expected}");
+            proptest::prop_assert!(got >= rate / n - 1e-9);
+        }
     }
 }

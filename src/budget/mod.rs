@@ -510,12 +510,12 @@ impl Budget {
             .global
             .set_interval(now, interval_for_rate(rate / divisor));
         inner.costs.refresh();
-        let clients = inner.clients.active(now);
+        let mut clients = inner.clients.active(now);
         if st.tenants.enabled {
-            self.split(now, health.budget / divisor, &clients);
+            self.split(now, health.budget / divisor, &mut clients);
         } else {
-            let active = clients.values().sum::<usize>();
-            inner.fair.set(rate / divisor, active);
+            let mut demands: Vec<f64> = clients.into_values().flatten().collect();
+            inner.fair.set(rate / divisor, &mut demands);
         }
         self.shared_tick(rate);
         let before = std::mem::replace(
@@ -557,7 +557,7 @@ impl Budget {
         health
     }
 
-    fn split(&self, now: u64, budget: f64, clients: &HashMap<u64, usize>) {
+    fn split(&self, now: u64, budget: f64, clients: &mut HashMap<u64, Vec<f64>>) {
         let inner = &*self.inner;
         let st = inner.settings.load();
         let secs = st.config.sample_interval.as_secs_f64();
@@ -598,7 +598,9 @@ impl Budget {
             t.share.set_interval(now, interval_for_rate(rate));
             t.share.set_burst(st.config.burst(st.max_weight) as u64);
             // Fair shares: its sessions' of its rate, and its own of the global budget.
-            let sessions = clients.get(&t.group).copied().unwrap_or(0);
+            let sessions = clients
+                .get_mut(&t.group)
+                .map_or(&mut [][..], |d| &mut d[..]);
             t.fair.set(rate, sessions);
             let weighted = budget * weight / total_weight.max(f64::MIN_POSITIVE);
             #[cfg(feature = "redis")]
