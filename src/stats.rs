@@ -1,5 +1,6 @@
 //! Statistics every stage shares, as a leaf no stage module is imported by: the
-//! exponentially weighted moving average and the healthy-latency baseline that does not creep.
+//! exponentially weighted moving average and the healthy-latency baselines that do not creep
+//! (one client's, and a tool's over its clients).
 //! Pure logic, no runtime.
 
 use std::time::Duration;
@@ -65,10 +66,11 @@ pub const BASELINE_PERIOD: Duration = Duration::from_secs(30);
 /// new normal only once it has lasted this many periods (five minutes).
 pub const BASELINE_PERIODS: usize = 10;
 
-/// A tool's healthy latency that does not creep: the **minimum of the mean service times of
-/// the last [`BASELINE_PERIODS`] periods** of [`BASELINE_PERIOD`] that had samples (the one in
-/// progress included), like the minimum-RTT estimators of Netflix's concurrency-limits
-/// (Vegas) and Envoy's adaptive concurrency. A slowdown, sudden or drifting, reads as a
+/// One client's healthy latency of a tool, that does not creep: the **minimum of the mean
+/// service times of the last [`BASELINE_PERIODS`] periods** of [`BASELINE_PERIOD`] that had
+/// samples (the one in progress included), like the minimum-RTT estimators of Netflix's
+/// concurrency-limits (Vegas) and Envoy's adaptive concurrency (the tool's, over all its
+/// clients, is a [`CommonBaseline`]). A slowdown, sudden or drifting, reads as a
 /// slowdown for five minutes; only one that lasts longer becomes the baseline. A tool
 /// called rarely keeps what it learned (periods without samples are skipped, not counted as
 /// fast or slow). Feed it only calls that were not held back (no queue wait, no failure).
@@ -129,15 +131,95 @@ impl Baseline {
     }
 }
 
+/// Clients a [`CommonBaseline`] counts in one period at most; later ones count from the next.
+pub const PERIOD_CLIENTS: usize = 32;
+
+/// A tool's healthy latency that no single client sets: like [`Baseline`], the minimum over
+/// the last [`BASELINE_PERIODS`] periods of [`BASELINE_PERIOD`] that had samples, but each
+/// period's value is the **upper median of its clients' mean service times** (at most
+/// [`PERIOD_CLIENTS`] clients a period), so a client flooding a tool with fast calls (a cache
+/// hit, an empty table) counts once, and moves it only with a majority of the clients. The
+/// period in progress counts only until a first period has ended. Feed it only calls that
+/// were not held back (no queue wait, no failure).
+///
+/// ```
+/// use std::time::Duration;
+/// use stormgate::stats::CommonBaseline;
+///
+/// let mut b = CommonBaseline::default();
+/// let at = |ms: u64| Duration::from_millis(ms);
+/// for ms in (0..30_000).step_by(10) {
+///     b.record(at(ms), 1, 0.001); // one client: a 1 ms call every 10 ms
+///     if ms % 1000 == 0 {
+///         b.record(at(ms), 2, 0.2); // two others: a 200 ms call a second
+///         b.record(at(ms), 3, 0.2);
+///     }
+/// }
+/// // One vote each: the upper median of 1 ms, 200 ms and 200 ms.
+/// assert!((b.value().unwrap() - 0.2).abs() < 1e-9);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CommonBaseline {
+    /// Values of the last completed periods that had samples, oldest first.
+    done: std::collections::VecDeque<f64>,
+    /// The period in progress: its index, and per client its sum and count.
+    period: u64,
+    clients: Vec<(u64, f64, u64)>,
+}
+
+impl CommonBaseline {
+    /// Folds in one healthy service time in seconds of `client`, seen at `now`.
+    pub fn record(&mut self, now: Duration, client: u64, secs: f64) {
+        let period = (now.as_nanos() / BASELINE_PERIOD.as_nanos()) as u64;
+        if period != self.period {
+            if let Some(v) = self.current() {
+                if self.done.len() == BASELINE_PERIODS {
+                    self.done.pop_front();
+                }
+                self.done.push_back(v);
+            }
+            self.period = period;
+            self.clients.clear();
+        }
+        if let Some(c) = self.clients.iter_mut().find(|c| c.0 == client) {
+            c.1 += secs;
+            c.2 += 1;
+        } else if self.clients.len() < PERIOD_CLIENTS {
+            self.clients.push((client, secs, 1));
+        }
+    }
+
+    /// The period in progress: the upper median of its clients' means.
+    fn current(&self) -> Option<f64> {
+        let mut means = [0.0; PERIOD_CLIENTS];
+        let n = self.clients.len();
+        for (m, c) in means.iter_mut().zip(&self.clients) {
+            *m = c.1 / c.2 as f64;
+        }
+        let means = &mut means[..n];
+        means.sort_by(f64::total_cmp);
+        means.get(n / 2).copied()
+    }
+
+    /// The baseline in seconds, `None` before any sample.
+    pub fn value(&self) -> Option<f64> {
+        if self.done.is_empty() {
+            self.current()
+        } else {
+            self.done.iter().copied().reduce(f64::min)
+        }
+    }
+}
+
 /// Tools whose healthy latency is learned at most (a server's tool set may be dynamic; an
 /// unknown tool is a client error and never learned).
 pub const MAX_TOOLS: usize = 4096;
 
-/// Every tool's [`Baseline`], bounded at [`MAX_TOOLS`] (keyed hashes of the names), shared
-/// by the controller and the session guard.
+/// Every tool's [`CommonBaseline`], bounded at [`MAX_TOOLS`] (keyed hashes of the names), one
+/// type for the controller and the session guard.
 #[derive(Debug)]
 pub(crate) struct ToolBaselines {
-    tools: crate::bounded::Bounded<std::sync::Arc<std::sync::Mutex<Baseline>>>,
+    tools: crate::bounded::Bounded<std::sync::Arc<std::sync::Mutex<CommonBaseline>>>,
 }
 
 impl ToolBaselines {
@@ -152,21 +234,34 @@ impl ToolBaselines {
         self.tools.key(tool)
     }
 
-    /// The healthy latency of the tool at `key` before a call of `secs` seconds at `now`,
-    /// which then teaches it when `learns` (nothing held the call back): one lookup, one lock.
-    pub(crate) fn judge(&self, key: u64, now: Duration, secs: f64, learns: bool) -> Option<f64> {
+    /// The healthy latency of the tool at `key` before and after a call of `secs` seconds of
+    /// `client` at `now`, which teaches it when `learns` (nothing held the call back): one
+    /// lookup, one lock. (They differ only in the tool's first period, or when it is first
+    /// seen: after, the call's client has its vote.)
+    pub(crate) fn judge(
+        &self,
+        key: u64,
+        client: u64,
+        now: Duration,
+        secs: f64,
+        learns: bool,
+    ) -> (Option<f64>, Option<f64>) {
         let entry = match self.tools.get(key) {
             None if learns => self.tools.get_or_insert(key, MAX_TOOLS, Default::default),
             found => found,
-        }?;
+        };
+        let Some(entry) = entry else {
+            return (None, None);
+        };
         let mut b = entry
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let before = b.value();
-        if learns {
-            b.record(now, secs);
+        if !learns {
+            return (before, before);
         }
-        before
+        b.record(now, client, secs);
+        (before, b.value())
     }
 
     /// `tool`'s healthy latency, once learned.
@@ -200,7 +295,8 @@ pub const OWN_TOOLS: usize = 4;
 pub(crate) struct OwnBaselines(Vec<(u64, Duration, Baseline)>);
 
 impl OwnBaselines {
-    /// [`ToolBaselines::judge`] for this client's own calls of the tool at `key`.
+    /// [`ToolBaselines::judge`] for this client's own calls of the tool at `key`, with
+    /// [`Baseline`]s (one client: the mean of each period).
     pub(crate) fn judge(
         &mut self,
         key: u64,
@@ -349,6 +445,48 @@ mod tests {
                 };
                 prop_assert_eq!(got, expected);
                 prop_assert!(own.0.len() <= OWN_TOOLS);
+            }
+        }
+
+        /// Against a naive reference that keeps every sample: per period, the first
+        /// PERIOD_CLIENTS clients' means, their upper median; the minimum over the last
+        /// BASELINE_PERIODS completed periods, or the period in progress before any.
+        #[test]
+        fn common_baseline_is_the_min_of_period_medians(
+            samples in proptest::collection::vec((0u64..400, 0u64..40, 1u64..1000), 1..300),
+        ) {
+            let mut samples = samples;
+            samples.sort_by_key(|s| s.0);
+            let mut b = CommonBaseline::default();
+            let mut seen: Vec<(u64, u64, f64)> = Vec::new();
+            for &(t, client, ms) in &samples {
+                let (now, secs) = (Duration::from_secs(t), ms as f64 / 1e3);
+                b.record(now, client, secs);
+                seen.push((t / BASELINE_PERIOD.as_secs(), client, secs));
+                let median = |period: u64| {
+                    let mut clients: Vec<(u64, f64, u64)> = Vec::new();
+                    for &(_, c, x) in seen.iter().filter(|s| s.0 == period) {
+                        let known = clients.iter().position(|e| e.0 == c);
+                        match known {
+                            Some(i) => { clients[i].1 += x; clients[i].2 += 1; }
+                            None if clients.len() < PERIOD_CLIENTS => clients.push((c, x, 1)),
+                            None => {}
+                        }
+                    }
+                    let mut means: Vec<f64> = clients.iter().map(|e| e.1 / e.2 as f64).collect();
+                    means.sort_by(f64::total_cmp);
+                    means[means.len() / 2]
+                };
+                let current = t / BASELINE_PERIOD.as_secs();
+                let mut periods: Vec<u64> = seen.iter().map(|s| s.0).filter(|&p| p < current).collect();
+                periods.dedup();
+                let done: Vec<f64> = periods.iter().rev().take(BASELINE_PERIODS).map(|&p| median(p)).collect();
+                let expected = if done.is_empty() {
+                    median(current)
+                } else {
+                    done.into_iter().reduce(f64::min).unwrap()
+                };
+                prop_assert_eq!(b.value(), Some(expected));
             }
         }
     }

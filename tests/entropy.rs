@@ -417,7 +417,8 @@ async fn the_time_of_a_call_on_a_fast_tool_is_counted_in_floors() {
     .unwrap();
     let start = tokio::time::Instant::now();
     let cache = |session: &str| call(session, "cache_get", json!({"key": "k"}));
-    for _ in 0..20 {
+    // A whole first period (30 s) of 0.35 ms calls: the tool's healthy latency.
+    for _ in 0..40 {
         send(
             &g,
             &cache("warm"),
@@ -440,4 +441,40 @@ async fn the_time_of_a_call_on_a_fast_tool_is_counted_in_floors() {
         admitted += 1;
     }
     assert_eq!(admitted, 7, "10 - 2.13 = 7.87 units left");
+}
+
+/// One client can never change what another gets: a client flooding a tool with calls that
+/// are fast (a cache hit, an empty table) does not become the tool's healthy latency, so a
+/// session whose calls of it take their usual 200 ms is neither judged slow nor charged for
+/// its time. The tool's healthy latency is the upper median of its clients' own.
+#[tokio::test(start_paused = true)]
+async fn a_client_flooding_fast_calls_does_not_make_everyone_else_slow() {
+    let g = SessionGuard::new(SessionConfig {
+        base_budget: 100.0,
+        burst: 100.0,
+        probation: 1.0,
+        new_session_burst: 1000.0,
+        ..SessionConfig::default()
+    })
+    .unwrap();
+    let start = tokio::time::Instant::now();
+    let scan = |session: &str| call(session, "sql_scan", json!({"table": "orders"})).with_cost(10);
+    let (victim, flood) = (scan("victim"), scan("flood"));
+    let mut refused = 0;
+    for step in 0..3000u64 {
+        // The flooder: a 1 ms scan every 10 ms, 100 units/s, its whole budget.
+        send(&g, &flood, Outcome::Ok, ms(1), start).await;
+        // The victim: a 200 ms scan a second, from 1 s on (the flooder taught the tool first).
+        if step % 100 == 0 && step >= 100 {
+            let s = send(&g, &victim, Outcome::Ok, ms(200), start).await;
+            refused += usize::from(!s.admitted);
+            assert_eq!(s.factor, 1.0, "step {step}: {s:?}");
+        }
+        tokio::time::advance(ms(10)).await;
+    }
+    assert_eq!(refused, 0);
+    // Its own budget: 29 scans of 10 units over 29 s, never more than one burst; had each
+    // been charged 199 weights for its 199 ms past a 1 ms norm, it would be refused.
+    let v = g.summary(&SessionId::new("victim")).unwrap();
+    assert_eq!((v.rejected, v.score), (0, 0.0), "{v:?}");
 }

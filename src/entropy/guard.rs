@@ -790,8 +790,8 @@ impl Admission for SessionGuard {
 
 impl SessionGuard {
     /// Learns from a finished call of `tool`: its tool's healthy latency, and the health of
-    /// the state it was charged to (`tracked`, else its tenant's pool).
-    fn learn(&self, tool: &str, o: &Observation<'_>, tracked: Option<Arc<Mutex<Session>>>) {
+    /// the state it was charged to (`tracked`, with its key, else its tenant's pool).
+    fn learn(&self, tool: &str, o: &Observation<'_>, tracked: Option<(Arc<Mutex<Session>>, u64)>) {
         let config = self.inner.config.load();
         let secs = o.service_time.as_secs_f64().max(1e-6);
         let floor = config.latency_floor.as_secs_f64();
@@ -800,19 +800,23 @@ impl SessionGuard {
         // minimum of five minutes' period means, a slowdown does not teach it for five minutes.
         let learns = !cancelled && !o.outcome.is_failure() && o.queue_wait.is_zero();
         let now = Duration::from_nanos(self.now());
-        let tools = &self.inner.tool_latency;
-        let key = tools.key(tool);
-        let common = tools.judge(key, now, secs, learns);
-        let entry = match tracked {
-            Some(s) => s,
+        // The client: its session, or its tenant's pool.
+        let (entry, client) = match tracked {
+            Some(tracked) => tracked,
             None => {
                 let pools = &self.inner.pools;
-                match pools.get(pools.key(o.call.tenant.as_str())) {
-                    Some(p) => p.state.clone(),
-                    None => self.inner.overflow.state.clone(),
+                let client = pools.key(o.call.tenant.as_str());
+                match pools.get(client) {
+                    Some(p) => (p.state.clone(), client),
+                    None => (self.inner.overflow.state.clone(), client),
                 }
             }
         };
+        let tools = &self.inner.tool_latency;
+        let key = tools.key(tool);
+        // The tool's, with this call's client's vote (a client new to a tool in its first
+        // period is not judged by the others' calls alone).
+        let (_, common) = tools.judge(key, client, now, secs, learns);
         let mut s = lock(&entry);
         // A call is judged against the slower of its tool's healthy latency and the session's
         // own: work slow by nature (a new, cold query every call) is not slowness. The first
@@ -883,7 +887,8 @@ impl SessionGuard {
 impl Observer for SessionGuard {
     fn observe(&self, o: &Observation<'_>) {
         let sessions = &self.inner.sessions;
-        let tracked = sessions.get(sessions.key(o.call.session.as_str()));
+        let key = sessions.key(o.call.session.as_str());
+        let tracked = sessions.get(key).map(|s| (s, key));
         let accepted = tracked.is_some();
         if o.outcome != Outcome::ClientError
             && self.inner.config.load().enabled
