@@ -895,10 +895,14 @@ impl Observer for Budget {
     fn observe(&self, observation: &Observation<'_>) {
         let inner = &*self.inner;
         let client = self.client(observation.call);
+        let voter = self.inner.client_keys.voter(observation.call);
         let now = inner.epoch.elapsed();
-        inner
-            .sampler
-            .observe(observation, client, now, &inner.settings.load().config);
+        inner.sampler.observe(
+            observation,
+            (client, voter),
+            now,
+            &inner.settings.load().config,
+        );
         self.inner.costs.observe(observation);
     }
 }

@@ -69,11 +69,12 @@ impl Sampler {
     }
 
     /// A call of `client` (see [`Census`]) finished at `now` (from the budget's epoch): its
-    /// latency is judged against its tool's healthy latency, which it may teach.
+    /// latency is judged against its tool's healthy latency, which it may teach with the vote
+    /// of `voter` ([`CommonBaseline`](crate::stats::CommonBaseline)).
     pub(crate) fn observe(
         &self,
         o: &Observation<'_>,
-        client: u64,
+        (client, voter): (u64, u64),
         now: Duration,
         config: &BudgetConfig,
     ) {
@@ -92,7 +93,7 @@ impl Sampler {
         // Judged against what was learned before it, then taught.
         let (baseline, _) = self
             .tools
-            .judge(self.tools.key(tool), client, now, secs, learns);
+            .judge(self.tools.key(tool), voter, now, secs, learns);
         let slow = config.is_slow(secs, baseline);
         if cancelled {
             // A call its client gave up on ran at least this long: a censored latency sample,

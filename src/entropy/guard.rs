@@ -300,6 +300,9 @@ impl Pool {
     }
 }
 
+/// The one vote on a tool's healthy latency of all calls on ids the server has not accepted.
+const UNVERIFIED_VOTER: u64 = u64::MAX;
+
 /// A session whose budget factor falls below this is logged as entering a storm.
 const STORM_ENTER: f64 = 0.5;
 /// A session in a storm whose factor is back at this or above is logged as leaving it.
@@ -577,6 +580,21 @@ impl SessionGuard {
         }
     }
 
+    /// The vote a call has on its tool's healthy latency ([`CommonBaseline`]): its session's,
+    /// once the MCP server has accepted it; every other call shares one, whatever tenant or id
+    /// it claims.
+    ///
+    /// [`CommonBaseline`]: crate::stats::CommonBaseline
+    pub(crate) fn voter(&self, call: &Call) -> u64 {
+        let sessions = &self.inner.sessions;
+        let key = sessions.key(call.session.as_str());
+        if sessions.get(key).is_some() {
+            key
+        } else {
+            UNVERIFIED_VOTER
+        }
+    }
+
     /// Whether `session` has its own state (the MCP server accepted it).
     pub fn is_tracked(&self, session: &SessionId) -> bool {
         let sessions = &self.inner.sessions;
@@ -800,15 +818,15 @@ impl SessionGuard {
         // minimum of five minutes' period means, a slowdown does not teach it for five minutes.
         let learns = !cancelled && !o.outcome.is_failure() && o.queue_wait.is_zero();
         let now = Duration::from_nanos(self.now());
-        // The client: its session, or its tenant's pool.
-        let (entry, client) = match tracked {
+        // Its state and its vote on the tool's latency: its session's, or its tenant's pool
+        // and the one vote of every call on an id the server has not accepted.
+        let (entry, voter) = match tracked {
             Some(tracked) => tracked,
             None => {
                 let pools = &self.inner.pools;
-                let client = pools.key(o.call.tenant.as_str());
-                match pools.get(client) {
-                    Some(p) => (p.state.clone(), client),
-                    None => (self.inner.overflow.state.clone(), client),
+                match pools.get(pools.key(o.call.tenant.as_str())) {
+                    Some(p) => (p.state.clone(), UNVERIFIED_VOTER),
+                    None => (self.inner.overflow.state.clone(), UNVERIFIED_VOTER),
                 }
             }
         };
@@ -816,7 +834,7 @@ impl SessionGuard {
         let key = tools.key(tool);
         // The tool's, with this call's client's vote (a client new to a tool in its first
         // period is not judged by the others' calls alone).
-        let (_, common) = tools.judge(key, client, now, secs, learns);
+        let (_, common) = tools.judge(key, voter, now, secs, learns);
         let mut s = lock(&entry);
         // A call is judged against the slower of its tool's healthy latency and the session's
         // own: work slow by nature (a new, cold query every call) is not slowness. The first
@@ -922,6 +940,15 @@ impl ClientKeys {
     pub(crate) fn of(&self, call: &Call) -> u64 {
         match self.sessions.get() {
             Some(guard) => guard.judged_as(call),
+            None => std::hash::BuildHasher::hash_one(&self.keys, call.session.as_str()),
+        }
+    }
+
+    /// The vote `call` has on its tool's healthy latency: as a followed guard gives it, else
+    /// its session id's.
+    pub(crate) fn voter(&self, call: &Call) -> u64 {
+        match self.sessions.get() {
+            Some(guard) => guard.voter(call),
             None => std::hash::BuildHasher::hash_one(&self.keys, call.session.as_str()),
         }
     }
