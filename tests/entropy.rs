@@ -478,3 +478,46 @@ async fn a_client_flooding_fast_calls_does_not_make_everyone_else_slow() {
     let v = g.summary(&SessionId::new("victim")).unwrap();
     assert_eq!((v.rejected, v.score), (0, 0.0), "{v:?}");
 }
+
+/// Calls on ids the server has not accepted share one vote on a tool's healthy latency,
+/// whatever tenant they claim: a flood of fast calls under ever-new tenant names (here past
+/// `max_sessions`, so none is accepted) is one client beside the accepted sessions.
+#[tokio::test(start_paused = true)]
+async fn unaccepted_ids_share_one_vote_on_a_tools_latency() {
+    let g = SessionGuard::new(SessionConfig {
+        base_budget: 100.0,
+        burst: 100.0,
+        probation: 1.0,
+        new_session_burst: 1000.0,
+        max_sessions: 2,
+        ..SessionConfig::default()
+    })
+    .unwrap();
+    let start = tokio::time::Instant::now();
+    let scan = |session: &str| call(session, "sql_scan", json!({"table": "orders"})).with_cost(10);
+    let (victim, other) = (scan("victim"), scan("other"));
+    for c in [&victim, &other] {
+        assert!(g.accept(&c.session, &c.tenant));
+    }
+    let mut refused = 0;
+    for step in 0..3000u64 {
+        let flood = scan(&format!("made-up-{step}"))
+            .with_tenant(stormgate::Tenant::new(format!("tenant-{step}")));
+        assert!(g.admit(&flood).is_ok());
+        g.observe(&Observation {
+            call: &flood,
+            outcome: Outcome::Ok,
+            service_time: ms(1),
+            response_bytes: 100,
+            queue_wait: Duration::ZERO,
+        });
+        if step % 100 == 0 && step >= 100 {
+            for c in [&victim, &other] {
+                refused += usize::from(!send(&g, c, Outcome::Ok, ms(200), start).await.admitted);
+            }
+        }
+        tokio::time::advance(ms(10)).await;
+    }
+    assert_eq!(refused, 0);
+    assert_eq!(g.len(), 2, "no made-up id was accepted");
+}
