@@ -1,0 +1,95 @@
+"""The storm demo's agents over real HTTP, with the official Python MCP SDK (`mcp`, the version
+.ci/run pins): four steady agents (one `sql_scan` a second), a complex agent (five tools
+round-robin, two calls in flight), and from RUNAWAY_AT seconds a runaway (WORKERS parallel
+searches, a new query each, errors and timeouts retried at once, refusals after their
+`retry_after_ms`). Every call gives up after 1 s. Prints each agent's outcomes as JSON.
+
+usage: python_agents.py URL SECONDS RUNAWAY_AT WORKERS
+  e.g. against `cargo run --release --example mcp_server` (examples/stormgate.toml):
+  python_agents.py http://127.0.0.1:3000/mcp 60 10 8
+Real clock, real sockets: figures vary from run to run (the README quotes runs).
+"""
+import asyncio, json, random, sys, time
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp_types import Implementation
+
+URL = sys.argv[1]
+DUR = float(sys.argv[2])
+RUNAWAY_AT = float(sys.argv[3])
+WORKERS = int(sys.argv[4])
+stats = {}
+T0 = time.monotonic()
+
+def rec(agent, kind):
+    a = stats.setdefault(agent, {})
+    a[kind] = a.get(kind, 0) + 1
+
+async def call(c, agent, name, args, timeout=1.0):
+    try:
+        r = await asyncio.wait_for(c.call_tool(name, args), timeout)
+        rec(agent, "error" if r.is_error else "ok")
+        return ("error" if r.is_error else "ok", 0)
+    except MCPError as e:
+        if e.code == -32029:
+            d = e.data or {}
+            rec(agent, "refused:" + str(d.get("reason")))
+            return ("refused", d.get("retry_after_ms", 1000) / 1000)
+        rec(agent, f"err{e.code}")
+        return ("error", 0)
+    except asyncio.TimeoutError:
+        rec(agent, "timeout")
+        return ("timeout", 0)
+
+def client(name):
+    return Client(URL, mode="legacy", client_info=Implementation(name=name, version="1"))
+
+async def steady(i):
+    async with client(f"steady-{i}") as c:
+        await asyncio.sleep(random.random())
+        while time.monotonic() - T0 < DUR:
+            o, wait = await call(c, "steady", "sql_scan", {"table": "orders", "filter": f"region = {i}"})
+            await asyncio.sleep(max(wait, random.uniform(0.9, 1.1)))
+
+async def complex_agent():
+    async with client("complex") as c:
+        async def worker(w):
+            n = w
+            rng = random.Random(w)
+            while time.monotonic() - T0 < DUR:
+                k = n % 5
+                topic = rng.randrange(20)
+                name, args = [
+                    ("cache_get", {"key": f"user:{rng.randrange(50)}"}),
+                    ("vector_search", {"query": f"design notes topic {topic}", "top_k": 5}),
+                    ("sql_scan", {"table": "reports", "filter": f"quarter = {topic % 4}"}),
+                    ("read_doc", {"id": f"doc-{rng.randrange(40)}"}),
+                    ("create_order", {"item": f"part-{topic}", "quantity": 1}),
+                ][k]
+                n += 2
+                o, wait = await call(c, "complex", name, args)
+                await asyncio.sleep(max(wait, rng.uniform(0.15, 0.35)))
+        await asyncio.gather(worker(0), worker(1))
+
+WORDS = "latency context pool tenant storm retry budget agent queue entropy cache index shard replica vacuum planner".split()
+
+async def runaway():
+    await asyncio.sleep(RUNAWAY_AT)
+    async with client("runaway") as c:
+        async def worker(w):
+            rng = random.Random(100 + w)
+            while time.monotonic() - T0 < DUR:
+                q = f"body ilike '%{' '.join(rng.choice(WORDS) for _ in range(3))}%' /* {rng.randrange(100000)} */"
+                o, wait = await call(c, "runaway", "sql_scan", {"table": "documents", "filter": q})
+                if o == "ok":
+                    await asyncio.sleep(rng.uniform(0.2, 0.6))
+                elif o == "refused":
+                    await asyncio.sleep(wait)
+        await asyncio.gather(*(worker(w) for w in range(WORKERS)))
+
+async def main():
+    random.seed(7)
+    await asyncio.gather(*(steady(i) for i in range(4)), complex_agent(), runaway())
+    print(json.dumps(stats, sort_keys=True))
+
+asyncio.run(main())
