@@ -15,12 +15,19 @@ fn ms(n: u64) -> Duration {
 /// A guard whose sessions are judged from their first call: no probation (tests/hostile.rs
 /// covers it), and every session is accepted as the server would on `initialize`.
 fn guard() -> SessionGuard {
-    SessionGuard::new(SessionConfig {
+    guard_of(SessionConfig {
         base_budget: 2.0,
         burst: 4.0,
+        ..SessionConfig::default()
+    })
+}
+
+/// [`guard`] with `config`'s other settings.
+fn guard_of(config: SessionConfig) -> SessionGuard {
+    SessionGuard::new(SessionConfig {
         probation: 1.0,
         new_session_burst: 1000.0,
-        ..SessionConfig::default()
+        ..config
     })
     .unwrap()
 }
@@ -331,14 +338,11 @@ async fn milliseconds_of_noise_on_a_fast_tool_are_not_slowness() {
 /// backend time it holds: the same cold calls three at a time run out of its budget.
 #[tokio::test(start_paused = true)]
 async fn work_slow_by_nature_is_not_distress_but_costs_the_time_it_holds() {
-    let g = SessionGuard::new(SessionConfig {
+    let g = guard_of(SessionConfig {
         base_budget: 60.0,
         burst: 120.0,
-        probation: 1.0,
-        new_session_burst: 1000.0,
         ..SessionConfig::default()
-    })
-    .unwrap();
+    });
     let start = tokio::time::Instant::now();
     let scan = |session: &str, query: String| {
         call(session, "sql_scan", json!({"filter": query})).with_cost(10)
@@ -407,14 +411,11 @@ async fn work_slow_by_nature_is_not_distress_but_costs_the_time_it_holds() {
 /// not 17.
 #[tokio::test(start_paused = true)]
 async fn the_time_of_a_call_on_a_fast_tool_is_counted_in_floors() {
-    let g = SessionGuard::new(SessionConfig {
+    let g = guard_of(SessionConfig {
         base_budget: 1.0,
         burst: 10.0,
-        probation: 1.0,
-        new_session_burst: 1000.0,
         ..SessionConfig::default()
-    })
-    .unwrap();
+    });
     let start = tokio::time::Instant::now();
     let cache = |session: &str| call(session, "cache_get", json!({"key": "k"}));
     // A whole first period (30 s) of 0.35 ms calls: the tool's healthy latency.
@@ -449,14 +450,11 @@ async fn the_time_of_a_call_on_a_fast_tool_is_counted_in_floors() {
 /// its time. The tool's healthy latency is the upper median of its clients' own.
 #[tokio::test(start_paused = true)]
 async fn a_client_flooding_fast_calls_does_not_make_everyone_else_slow() {
-    let g = SessionGuard::new(SessionConfig {
+    let g = guard_of(SessionConfig {
         base_budget: 100.0,
         burst: 100.0,
-        probation: 1.0,
-        new_session_burst: 1000.0,
         ..SessionConfig::default()
-    })
-    .unwrap();
+    });
     let start = tokio::time::Instant::now();
     let scan = |session: &str| call(session, "sql_scan", json!({"table": "orders"})).with_cost(10);
     let (victim, flood) = (scan("victim"), scan("flood"));
@@ -484,15 +482,12 @@ async fn a_client_flooding_fast_calls_does_not_make_everyone_else_slow() {
 /// `max_sessions`, so none is accepted) is one client beside the accepted sessions.
 #[tokio::test(start_paused = true)]
 async fn unaccepted_ids_share_one_vote_on_a_tools_latency() {
-    let g = SessionGuard::new(SessionConfig {
+    let g = guard_of(SessionConfig {
         base_budget: 100.0,
         burst: 100.0,
-        probation: 1.0,
-        new_session_burst: 1000.0,
         max_sessions: 2,
         ..SessionConfig::default()
-    })
-    .unwrap();
+    });
     let start = tokio::time::Instant::now();
     let scan = |session: &str| call(session, "sql_scan", json!({"table": "orders"})).with_cost(10);
     let (victim, other) = (scan("victim"), scan("other"));
