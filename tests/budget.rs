@@ -637,3 +637,51 @@ async fn a_bursting_runaway_does_not_get_a_complex_agents_heavier_calls_refused(
     // burst: 2 of its 16 scans, 29 times.
     assert_eq!(runaway_admitted, 58);
 }
+
+#[tokio::test(start_paused = true)]
+async fn calls_on_ids_the_server_has_not_accepted_are_one_vote_on_a_tools_latency() {
+    use stormgate::entropy::{SessionConfig, SessionGuard};
+    use stormgate::outcome::{Observation, Observer, Outcome};
+    // The controller's tool latency, following a session guard: two accepted sessions scan in
+    // 200 ms; a flood of 1 ms scans on made-up ids under ever-new tenants (none accepted: the
+    // guard is full) is one vote, so the tool's healthy latency stays 200 ms. With a vote per
+    // tenant pool it would be 1 ms, and every honest scan slow.
+    let guard = SessionGuard::new(SessionConfig {
+        max_sessions: 2,
+        ..SessionConfig::default()
+    })
+    .unwrap();
+    let budget = Budget::builder(BudgetConfig::default())
+        .sessions(guard.clone())
+        .build();
+    let scan = |session: &str, tenant: &str| {
+        Call::request("tools/call")
+            .with_tool("sql_scan")
+            .with_session(stormgate::SessionId::new(session))
+            .with_tenant(Tenant::new(tenant))
+    };
+    let honest = [scan("a", "acme"), scan("b", "acme")];
+    for c in &honest {
+        assert!(guard.accept(&c.session, &c.tenant));
+    }
+    let finish = |c: &Call, ms: u64| {
+        budget.observe(&Observation {
+            call: c,
+            outcome: Outcome::Ok,
+            service_time: Duration::from_millis(ms),
+            response_bytes: 0,
+            queue_wait: Duration::ZERO,
+        })
+    };
+    for i in 0..600 {
+        finish(&scan(&format!("made-up-{i}"), &format!("t{i}")), 1);
+        if i % 10 == 0 {
+            honest.iter().for_each(|c| finish(c, 200));
+        }
+        tokio::time::advance(ms(50)).await;
+    }
+    assert_eq!(
+        budget.tool_baseline("sql_scan").map(|b| (b * 1e3).round()),
+        Some(200.0)
+    );
+}

@@ -894,12 +894,10 @@ impl Budget {
 impl Observer for Budget {
     fn observe(&self, observation: &Observation<'_>) {
         let inner = &*self.inner;
-        let client = self.client(observation.call);
-        let voter = self.inner.client_keys.voter(observation.call);
         let now = inner.epoch.elapsed();
         inner.sampler.observe(
             observation,
-            (client, voter),
+            inner.client_keys.identify(observation.call),
             now,
             &inner.settings.load().config,
         );

@@ -570,28 +570,25 @@ impl SessionGuard {
     /// accepted it, else its tenant's unverified pool (so ids made up per call are one client).
     /// The budget's health census and the breakers count clients by it.
     pub fn judged_as(&self, call: &Call) -> u64 {
-        let sessions = &self.inner.sessions;
-        let key = sessions.key(call.session.as_str());
-        if sessions.get(key).is_some() {
-            key
-        } else {
-            // Another keyed hash, inverted: it meets a session's only by a 64-bit accident.
-            !self.inner.pools.key(call.tenant.as_str())
-        }
+        self.identify(call).0
     }
 
-    /// The vote a call has on its tool's healthy latency ([`CommonBaseline`]): its session's,
-    /// once the MCP server has accepted it; every other call shares one, whatever tenant or id
-    /// it claims.
+    /// [`judged_as`](Self::judged_as) and the vote the call has on its tool's healthy latency
+    /// ([`CommonBaseline`]), from one lookup: its session's, once the MCP server has accepted
+    /// it; every other call shares one, whatever tenant or id it claims.
     ///
     /// [`CommonBaseline`]: crate::stats::CommonBaseline
-    pub(crate) fn voter(&self, call: &Call) -> u64 {
+    pub(crate) fn identify(&self, call: &Call) -> (u64, u64) {
         let sessions = &self.inner.sessions;
         let key = sessions.key(call.session.as_str());
         if sessions.get(key).is_some() {
-            key
+            (key, key)
         } else {
-            UNVERIFIED_VOTER
+            // Another keyed hash, inverted: it meets a session's only by a 64-bit accident.
+            (
+                !self.inner.pools.key(call.tenant.as_str()),
+                UNVERIFIED_VOTER,
+            )
         }
     }
 
@@ -938,18 +935,18 @@ impl ClientKeys {
 
     /// The client `call` counts for.
     pub(crate) fn of(&self, call: &Call) -> u64 {
-        match self.sessions.get() {
-            Some(guard) => guard.judged_as(call),
-            None => std::hash::BuildHasher::hash_one(&self.keys, call.session.as_str()),
-        }
+        self.identify(call).0
     }
 
-    /// The vote `call` has on its tool's healthy latency: as a followed guard gives it, else
-    /// its session id's.
-    pub(crate) fn voter(&self, call: &Call) -> u64 {
+    /// The client `call` counts for and its vote on its tool's healthy latency, as a followed
+    /// guard gives them ([`SessionGuard::identify`]), else both its session id's.
+    pub(crate) fn identify(&self, call: &Call) -> (u64, u64) {
         match self.sessions.get() {
-            Some(guard) => guard.voter(call),
-            None => std::hash::BuildHasher::hash_one(&self.keys, call.session.as_str()),
+            Some(guard) => guard.identify(call),
+            None => {
+                let key = std::hash::BuildHasher::hash_one(&self.keys, call.session.as_str());
+                (key, key)
+            }
         }
     }
 }
