@@ -32,6 +32,7 @@ use serde_json::value::RawValue;
 use crate::charges::Charges;
 use crate::mcp::ProtocolVersion;
 use crate::rejection::RejectionFormat;
+use crate::snapshot::Snapshot;
 
 /// The tenant a call is charged to. Insert it as a request extension from your auth layer.
 ///
@@ -169,6 +170,9 @@ pub struct Call {
     pub deadline: Option<tokio::time::Instant>,
     /// What the stages charged it, shared by every copy of it (see [`Charges`]).
     pub(crate) charges: Charges,
+    /// The settings its request runs under (see [`Snapshot`]), when a
+    /// [`Control`](crate::control::Control) built the stack.
+    pub(crate) snapshot: Option<Arc<Snapshot>>,
 }
 
 impl CallKind {
@@ -204,6 +208,7 @@ impl Call {
             arguments: None,
             deadline: None,
             charges: Charges::default(),
+            snapshot: None,
         }
     }
 
@@ -256,6 +261,12 @@ impl Call {
     /// [`Admission`]: crate::admit::Admission
     pub fn charges(&self) -> &Charges {
         &self.charges
+    }
+
+    /// The settings its request runs under, if a [`Control`](crate::control::Control) built
+    /// the stack.
+    pub(crate) fn snapshot(&self) -> Option<&Snapshot> {
+        self.snapshot.as_deref()
     }
 
     /// The name of what the call targets: the tool, resource uri or prompt name.

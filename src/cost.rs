@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arc_swap::ArcSwap;
+use crate::snapshot::{Live, Part, Snapshot};
 
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
@@ -133,7 +133,7 @@ struct Learned {
 /// The weight table: read on every classified call, learned from every outcome.
 #[derive(Debug)]
 pub struct Costs {
-    config: ArcSwap<CostConfig>,
+    config: Live<CostConfig>,
     learned: DashMap<String, Learned>,
 }
 
@@ -141,7 +141,7 @@ impl Costs {
     /// A table from its settings (assumed valid).
     pub fn new(config: CostConfig) -> Self {
         let costs = Costs {
-            config: ArcSwap::from_pointee(CostConfig::default()),
+            config: Live::new(CostConfig::default()),
             learned: DashMap::new(),
         };
         costs.reconfigure(config);
@@ -170,12 +170,22 @@ impl Costs {
 
     /// The settings.
     pub fn config(&self) -> Arc<CostConfig> {
-        self.config.load_full()
+        self.config.load()
+    }
+
+    /// The table's entry in a snapshot taken now.
+    pub(crate) fn part(&self) -> Part {
+        self.config.part()
     }
 
     /// The weight of one call of `tool` now.
     pub fn weight(&self, tool: &str) -> u32 {
-        let config = self.config.load();
+        self.weight_in(tool, None)
+    }
+
+    /// The weight of one call of `tool` under a request's snapshot.
+    pub(crate) fn weight_in(&self, tool: &str, snapshot: Option<&Snapshot>) -> u32 {
+        let config = self.config.read(snapshot);
         match config.tools.get(tool) {
             Some(Weight::Fixed(n)) => *n,
             Some(Weight::Auto(_)) => self

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use crate::snapshot::{Live, Part};
 use axum::body::Body;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
@@ -184,7 +184,7 @@ fn hash_of(bytes: &[u8]) -> u64 {
 }
 
 struct Shared {
-    config: ArcSwap<IdempotencyConfig>,
+    config: Live<IdempotencyConfig>,
     entries: DashMap<Key, Entry>,
     switch: Switch,
 }
@@ -217,7 +217,7 @@ impl IdempotencyLayer {
         config.validate()?;
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared {
-                config: ArcSwap::from_pointee(config),
+                config: Live::new(config),
                 entries: DashMap::new(),
                 switch,
             }),
@@ -226,7 +226,12 @@ impl IdempotencyLayer {
 
     /// The settings in force.
     pub fn config(&self) -> Arc<IdempotencyConfig> {
-        self.shared.config.load_full()
+        self.shared.config.load()
+    }
+
+    /// The layer's entry in a snapshot taken now.
+    pub(crate) fn part(&self) -> Part {
+        self.shared.config.part()
     }
 
     /// Takes new settings; kept answers stay.
@@ -366,11 +371,9 @@ where
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let config = self.shared.config.load_full();
-        let listed = req
-            .extensions()
-            .get::<Calls>()
-            .and_then(Calls::single)
+        let single = req.extensions().get::<Calls>().and_then(Calls::single);
+        let config = self.shared.config.read(single.and_then(|c| c.snapshot()));
+        let listed = single
             .filter(|c| c.tool.as_deref().is_some_and(|t| config.tools.contains(t)))
             .cloned();
         let clone = self.inner.clone();
@@ -385,7 +388,7 @@ where
             .and_then(|calls| key_of(calls, &parts, &config));
         let req = Request::from_parts(parts, body);
         let Some(key) = key else {
-            let off = self.shared.switch.mode() == Mode::Off;
+            let off = self.shared.switch.of(&call).mode == Mode::Off;
             return match config.missing {
                 Missing::Reject if !off => {
                     let res = missing_key(&call, &config);

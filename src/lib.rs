@@ -69,6 +69,7 @@ pub mod metrics;
 pub mod outcome;
 mod policy;
 pub mod rejection;
+mod snapshot;
 mod sse;
 pub mod stats;
 

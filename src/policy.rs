@@ -4,7 +4,7 @@
 use crate::error::ConfigError;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use crate::snapshot::{Live, Part, Snapshot};
 use serde::{Deserialize, Serialize};
 
 /// The kill switch (seed 003 section 5.4).
@@ -114,23 +114,44 @@ pub struct Policy {
 
 /// The shared, atomically swapped [`Policy`]: a flip is seen by the next request, and a
 /// request in flight keeps the snapshot it started with.
-#[derive(Debug, Clone, Default)]
-pub struct Switch(Arc<ArcSwap<Policy>>);
+#[derive(Debug, Clone)]
+pub struct Switch(Arc<Live<Policy>>);
+
+impl Default for Switch {
+    fn default() -> Self {
+        Switch::new(Policy::default())
+    }
+}
 
 impl Switch {
     /// A switch set to `policy`.
     pub fn new(policy: Policy) -> Self {
-        Switch(Arc::new(ArcSwap::from_pointee(policy)))
+        Switch(Arc::new(Live::new(policy)))
     }
 
     /// The policy now.
     pub fn load(&self) -> Arc<Policy> {
-        self.0.load_full()
+        self.0.load()
     }
 
     /// The mode now.
     pub fn mode(&self) -> Mode {
         self.0.load().mode
+    }
+
+    /// The policy a call runs under: its request's snapshot's, else the switch's now.
+    pub(crate) fn of(&self, call: &crate::Call) -> Arc<Policy> {
+        self.read(call.snapshot())
+    }
+
+    /// The policy of this snapshot, else the switch's now.
+    pub(crate) fn read(&self, snapshot: Option<&Snapshot>) -> Arc<Policy> {
+        self.0.read(snapshot)
+    }
+
+    /// The switch's entry in a snapshot taken now.
+    pub(crate) fn part(&self) -> Part {
+        self.0.part()
     }
 
     /// Sets the policy: the next request of every stage following this switch sees it. For

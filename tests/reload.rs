@@ -317,3 +317,39 @@ async fn a_watched_file_that_is_emptied_or_cut_short_is_refused() {
     watch.abort();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A request whose head arrived before a reload and whose body arrived after it runs under the
+/// settings of its head, in every stage: the classifier takes one snapshot of them all.
+#[tokio::test]
+async fn a_request_runs_under_the_settings_it_started_with() {
+    use stormgate::idempotency::Missing;
+    let mut a = Config::default();
+    a.idempotency.tools.insert("place_order".into());
+    a.idempotency.missing = Missing::Reject;
+    let b = Config::default(); // nothing listed: every call passes
+    let control = Control::new(a).unwrap();
+    let answer =
+        || async { axum::Json(serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {}})) };
+    let app = control.wrap(axum::Router::new().route("/mcp", axum::routing::post(answer)));
+    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"place_order","arguments":{}}}"#;
+
+    // The head now, the body once the reload has committed.
+    let (tx, rx) = tokio::sync::oneshot::channel::<Result<bytes::Bytes, std::io::Error>>();
+    let body = Body::from_stream(futures::stream::once(async move { rx.await.unwrap() }));
+    let started = tokio::spawn(app.clone().oneshot(common::post().body(body).unwrap()));
+    tokio::task::yield_now().await;
+    control.reload(b).unwrap();
+    tx.send(Ok(bytes::Bytes::from_static(call.as_bytes())))
+        .unwrap();
+    let old = common::body_json(started.await.unwrap().unwrap()).await;
+    assert_eq!(
+        old["error"]["code"], -32602,
+        "under the first settings: {old}"
+    );
+
+    // A request started after the reload runs under the new ones.
+    let new = app.oneshot(common::post_body(call)).await.unwrap();
+    assert_eq!(new.status(), StatusCode::OK);
+    let new = common::body_json(new).await;
+    assert!(new.get("error").is_none(), "under the new settings: {new}");
+}

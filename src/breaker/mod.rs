@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use crate::snapshot::{Live, Part};
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -129,7 +129,7 @@ pub struct CircuitBreakers {
 struct Inner {
     epoch: Instant,
     switch: Switch,
-    config: ArcSwap<BreakerConfig>,
+    config: Live<BreakerConfig>,
     breakers: DashMap<String, Arc<Mutex<Breaker>>>,
     /// Who a call's client is (see [`CircuitBreakers::following`]).
     clients: ClientKeys,
@@ -165,7 +165,7 @@ impl CircuitBreakers {
             inner: Arc::new(Inner {
                 epoch: Instant::now(),
                 switch,
-                config: ArcSwap::from_pointee(config),
+                config: Live::new(config),
                 breakers: DashMap::new(),
                 clients: ClientKeys::default(),
             }),
@@ -196,7 +196,12 @@ impl CircuitBreakers {
 
     /// The settings in force.
     pub fn config(&self) -> Arc<BreakerConfig> {
-        self.inner.config.load_full()
+        self.inner.config.load()
+    }
+
+    /// The breakers' entry in a snapshot taken now.
+    pub(crate) fn part(&self) -> Part {
+        self.inner.config.part()
     }
 
     /// The admission stage: `AdmitLayer` over these breakers.
@@ -214,8 +219,8 @@ impl CircuitBreakers {
         self.inner.breakers.get(tool).map(|b| lock(&b).state())
     }
 
-    fn breaker(&self, tool: &str) -> Option<Arc<Mutex<Breaker>>> {
-        if !self.inner.config.load().tools.contains(tool) {
+    fn breaker(&self, tool: &str, config: &BreakerConfig) -> Option<Arc<Mutex<Breaker>>> {
+        if !config.tools.contains(tool) {
             return None;
         }
         Some(
@@ -232,13 +237,13 @@ impl Admission for CircuitBreakers {
     type Permit = BreakerPermit;
 
     fn admit(&self, call: &Call) -> Result<BreakerPermit, Rejection> {
-        if self.inner.switch.mode() == Mode::Off {
+        if self.inner.switch.of(call).mode == Mode::Off {
             return Ok(BreakerPermit(None));
         }
-        let Some(breaker) = call.tool.as_deref().and_then(|t| self.breaker(t)) else {
+        let config = self.inner.config.read(call.snapshot());
+        let Some(breaker) = call.tool.as_deref().and_then(|t| self.breaker(t, &config)) else {
             return Ok(BreakerPermit(None));
         };
-        let config = self.inner.config.load();
         let now = self.inner.epoch.elapsed();
         let result = lock(&breaker).try_admit(now, &config);
         match result {
@@ -259,10 +264,15 @@ impl Observer for CircuitBreakers {
         if matches!(o.outcome, Outcome::Cancelled | Outcome::ClientError) {
             return; // says nothing about the tool
         }
-        let Some(breaker) = o.call.tool.as_deref().and_then(|t| self.breaker(t)) else {
+        let config = self.inner.config.read(o.call.snapshot());
+        let Some(breaker) = o
+            .call
+            .tool
+            .as_deref()
+            .and_then(|t| self.breaker(t, &config))
+        else {
             return;
         };
-        let config = self.inner.config.load();
         let slow = o.service_time >= config.slow_call;
         let client = self.inner.clients.of(o.call);
         lock(&breaker).record(

@@ -1,8 +1,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use serde::{Deserialize, Serialize};
 use tower::Layer;
@@ -17,6 +18,7 @@ use crate::mcp::{ProtocolVersion, ToolSchemas};
 use crate::outcome::Observer;
 use crate::policy::Switch;
 use crate::rejection::RejectionFormat;
+use crate::snapshot::{Live, Part, Snapshot};
 
 /// Default bound on a buffered request body: 4 MiB, the same as rmcp's.
 pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
@@ -118,6 +120,8 @@ pub(crate) struct Shared {
     pub(crate) buffering: Arc<Buffering>,
     /// Learned from `tools/list` answers; kept across reloads.
     pub(crate) schemas: Arc<ToolSchemas>,
+    /// The snapshot each request loads at its head, when a `Control` built the stack.
+    pub(crate) snapshots: Option<Arc<ArcSwap<Snapshot>>>,
 }
 
 /// Builds [`Classify`] services. See the [module docs](crate::classify). Its services time
@@ -125,14 +129,14 @@ pub(crate) struct Shared {
 /// enabled (`enable_time` or `enable_all`, as `#[tokio::main]` does).
 #[derive(Clone)]
 pub struct ClassifyLayer {
-    shared: Arc<ArcSwap<Shared>>,
+    shared: Arc<Live<Shared>>,
 }
 
 impl ClassifyLayer {
     /// A 4 MiB body limit, [`DefaultIdentity`], the default [`RejectionFormat`].
     pub fn new() -> Self {
         ClassifyLayer {
-            shared: Arc::new(ArcSwap::from_pointee(Shared {
+            shared: Arc::new(Live::new(Shared {
                 body_limit: DEFAULT_BODY_LIMIT,
                 identity: Arc::new(DefaultIdentity::new()),
                 format: Arc::new(RejectionFormat::default()),
@@ -145,6 +149,7 @@ impl ClassifyLayer {
                 max_buffered: DEFAULT_MAX_BUFFERED_BYTES,
                 buffering: Buffering::new(),
                 schemas: Arc::default(),
+                snapshots: None,
             })),
         }
     }
@@ -155,8 +160,19 @@ impl ClassifyLayer {
         let mut shared = Shared::clone(&self.shared.load());
         f(&mut shared);
         ClassifyLayer {
-            shared: Arc::new(ArcSwap::from_pointee(shared)),
+            shared: Arc::new(Live::new(shared)),
         }
+    }
+
+    /// Loads this snapshot at each request's head and hands it to the request's calls
+    /// (see [`Snapshot`]).
+    pub(crate) fn snapshots(self, snapshots: Arc<ArcSwap<Snapshot>>) -> Self {
+        self.update(|s| s.snapshots = Some(snapshots))
+    }
+
+    /// The layer's entry in a snapshot taken now.
+    pub(crate) fn part(&self) -> Part {
+        self.shared.part()
     }
 
     /// Changes the body limit, the rejection format, the identity, the deadlines and the

@@ -2,7 +2,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use arc_swap::ArcSwap;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
@@ -15,17 +14,18 @@ use super::ResponseFuture;
 use super::layer::Shared;
 use crate::call::{Call, Calls, Meta, Unclassified};
 use crate::mcp::{self, ProtocolVersion};
+use crate::snapshot::{Live, Snapshot};
 
 /// Reads MCP POST bodies and attaches their [`Calls`]. Built by
 /// [`ClassifyLayer`](super::ClassifyLayer).
 #[derive(Clone)]
 pub struct Classify<S> {
     inner: S,
-    shared: Arc<ArcSwap<Shared>>,
+    shared: Arc<Live<Shared>>,
 }
 
 impl<S> Classify<S> {
-    pub(crate) fn new(inner: S, shared: Arc<ArcSwap<Shared>>) -> Self {
+    pub(crate) fn new(inner: S, shared: Arc<Live<Shared>>) -> Self {
         Classify { inner, shared }
     }
 }
@@ -61,7 +61,10 @@ where
         if req.method() != Method::POST {
             return ResponseFuture::call(inner.call(req.map(Body::new)));
         }
-        let shared = self.shared.load_full();
+        // The request runs under one snapshot of every stage's settings, taken at its head.
+        let own = self.shared.load();
+        let snapshot = own.snapshots.as_ref().map(|s| s.load_full());
+        let shared = self.shared.read(snapshot.as_deref());
         let limit = shared.body_limit;
         let declared = req
             .headers()
@@ -79,7 +82,10 @@ where
         let Some(reservation) = shared.buffering.reserve(bytes, shared.max_buffered) else {
             return ResponseFuture::done(busy());
         };
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
+        if let Some(snapshot) = snapshot {
+            parts.extensions.insert(snapshot);
+        }
         ResponseFuture::collect(
             Limited::new(body, limit).collect(),
             parts,
@@ -170,13 +176,15 @@ pub(crate) fn classify(
     if parsed.batch && !shared.batches.classifies(protocol_version) {
         return Err(Unclassified::BatchUnsupported);
     }
+    let snapshot = parts.extensions.get::<Arc<Snapshot>>();
     let tenant = shared.identity.tenant(parts);
     let header_method = header_str(parts, mcp::METHOD);
     let header_name = header_str(parts, mcp::NAME);
     let single = !parsed.batch;
     let now = tokio::time::Instant::now();
     // The kill switch's `off` refuses nothing: no deadline to cut a call at.
-    let deadlines = (shared.switch.mode() != crate::policy::Mode::Off).then_some(&shared.deadlines);
+    let off = shared.switch.read(snapshot.map(Arc::as_ref)).mode == crate::policy::Mode::Off;
+    let deadlines = (!off).then_some(&shared.deadlines);
     let calls = parsed
         .messages
         .into_iter()
@@ -206,7 +214,7 @@ pub(crate) fn classify(
                 tenant: tenant.clone(),
                 protocol_version,
                 cost: match (&shared.costs, tool) {
-                    (Some(costs), Some(tool)) => costs.weight(tool),
+                    (Some(costs), Some(tool)) => costs.weight_in(tool, snapshot.map(Arc::as_ref)),
                     _ => 1,
                 },
                 header_mismatch,
@@ -221,6 +229,7 @@ pub(crate) fn classify(
                     body.slice(start..start + raw.get().len())
                 }),
                 charges: Default::default(),
+                snapshot: snapshot.cloned(),
             }
         })
         .collect();

@@ -18,6 +18,7 @@ use crate::fifo::FifoLimitLayer;
 use crate::idempotency::IdempotencyLayer;
 use crate::metrics::{self, CallMetrics, Labels};
 use crate::outcome::{Observer, OutcomeLayer};
+use crate::snapshot::Snapshot;
 
 /// The whole stack and its control handle: a cheap clone, every clone controls the same stack.
 ///
@@ -54,6 +55,8 @@ struct Inner {
     /// Orders every change (reloads from every source, mode flips), from reading the running
     /// configuration to committing the next.
     order: Mutex<()>,
+    /// Every stage's settings, as the next request runs under them (see [`Snapshot`]).
+    snapshot: Arc<ArcSwap<Snapshot>>,
 }
 
 impl std::fmt::Debug for Control {
@@ -94,7 +97,9 @@ impl Control {
             IdempotencyLayer::with_switch(config.idempotency.clone(), switch.clone())?;
         let fifo = config.fifo.layer();
         let audit = Arc::new(Audit::following(sessions.clone()));
+        let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
         let classify = ClassifyLayer::new()
+            .snapshots(snapshot.clone())
             .identity(identity)
             .body_limit(config.body_limit)
             .settings(config.classify)
@@ -120,6 +125,7 @@ impl Control {
                 labels,
                 last_error: Mutex::new(None),
                 order: Mutex::new(()),
+                snapshot,
             }),
         };
         control.apply_policy();
@@ -242,7 +248,23 @@ impl Control {
         tracing::info!(%source, from = running.mode.as_str(), to = mode.as_str(), "mode set");
     }
 
+    /// Applies the policy to the stages that hold it as state, and takes the snapshot the
+    /// next request runs under. Called under the order lock, after every stage has its new
+    /// settings.
     fn apply_policy(&self) {
+        let inner = &*self.inner;
+        let fifo = inner.fifo.parts();
+        let parts = [
+            inner.switch.part(),
+            inner.classify.part(),
+            inner.budget.costs().part(),
+            inner.sessions.part(),
+            inner.breakers.part(),
+            inner.idempotency.part(),
+        ];
+        inner
+            .snapshot
+            .store(Arc::new(Snapshot::of(parts.into_iter().chain(fifo))));
         let policy = self.policy();
         self.inner.budget.apply_policy();
         self.inner

@@ -6,7 +6,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use crate::snapshot::{Live, Part};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -371,7 +371,7 @@ pub struct SessionGuard {
 struct Inner {
     switch: Switch,
     /// The settings, swapped whole by a reload.
-    config: ArcSwap<SessionConfig>,
+    config: Live<SessionConfig>,
     epoch: Instant,
     /// The sessions the MCP server accepted, by a keyed hash of their id (two ids colliding
     /// would share a state; at a million sessions the odds are about 3 in 100 million, and the
@@ -422,7 +422,7 @@ impl SessionGuard {
                 pools: Bounded::new(),
                 tool_latency: ToolBaselines::new(),
                 top: Mutex::new(Vec::new()),
-                config: ArcSwap::from_pointee(config),
+                config: Live::new(config),
             }),
         };
         Ok(guard)
@@ -439,6 +439,16 @@ impl SessionGuard {
     /// [`reconfigure`](Self::reconfigure) with settings already validated.
     pub(crate) fn set_config(&self, config: SessionConfig) {
         self.inner.config.store(Arc::new(config));
+    }
+
+    /// The guard's entry in a snapshot taken now.
+    pub(crate) fn part(&self) -> Part {
+        self.inner.config.part()
+    }
+
+    /// The settings `call` runs under (its request's snapshot's).
+    fn config_of(&self, call: &Call) -> Arc<SessionConfig> {
+        self.inner.config.read(call.snapshot())
     }
 
     fn session(id: SessionId, config: &SessionConfig, now: u64) -> Session {
@@ -481,7 +491,7 @@ impl SessionGuard {
 
     /// The settings in force.
     pub fn config(&self) -> Arc<SessionConfig> {
-        self.inner.config.load_full()
+        self.inner.config.load()
     }
 
     /// Sessions tracked now (the overflow session not included).
@@ -505,9 +515,9 @@ impl SessionGuard {
         call.method.hash(&mut h);
         call.target().hash(&mut h);
         if let (Some(tool), Some(args)) = (call.tool.as_deref(), call.arguments.as_deref())
-            && self.inner.switch.mode() != Mode::Off
+            && self.inner.switch.of(call).mode != Mode::Off
         {
-            let config = self.inner.config.load();
+            let config = self.config_of(call);
             let pointers = config.resource_keys.get(tool).map(Vec::as_slice);
             hash_arguments(args, pointers, &mut h);
         }
@@ -708,7 +718,7 @@ impl Admission for SessionGuard {
     type Permit = SessionPermit;
 
     fn admit(&self, call: &Call) -> Result<SessionPermit, Rejection> {
-        let config = self.inner.config.load();
+        let config = self.config_of(call);
         if !config.enabled || call.target().is_none() {
             // Off, or protocol chatter (initialize, tools/list, ping): not the work guarded.
             return Ok(SessionPermit(None));
@@ -739,7 +749,7 @@ impl Admission for SessionGuard {
             s.entropy_baseline.update(signals.entropy);
         }
         s.score = storm_score(&signals, t);
-        let policy = self.inner.switch.load();
+        let policy = self.inner.switch.of(call);
         let evidence = s.finished >= u64::from(config.min_calls);
         let target = if policy.features.entropy_penalty && evidence {
             budget_factor(s.score, config.entropy_coefficient, config.min_factor)
@@ -807,7 +817,7 @@ impl SessionGuard {
     /// Learns from a finished call of `tool`: its tool's healthy latency, and the health of
     /// the state it was charged to (`tracked`, with its key, else its tenant's pool).
     fn learn(&self, tool: &str, o: &Observation<'_>, tracked: Option<(Arc<Mutex<Session>>, u64)>) {
-        let config = self.inner.config.load();
+        let config = self.config_of(o.call);
         let secs = o.service_time.as_secs_f64().max(1e-6);
         let floor = config.latency_floor.as_secs_f64();
         let cancelled = o.outcome == Outcome::Cancelled;
@@ -859,7 +869,7 @@ impl SessionGuard {
         // debt. Expensive work is spared by the score, not given the backend.
         if let Some(c) = common
             && secs > c + floor
-            && self.inner.switch.load().mode == Mode::Adaptive
+            && self.inner.switch.of(o.call).mode == Mode::Adaptive
         {
             let extra = f64::from(o.call.cost.max(1)) * (secs - c) / c.max(floor).max(1e-6);
             s.tokens = (s.tokens - extra).max(-config.burst);
@@ -906,7 +916,7 @@ impl Observer for SessionGuard {
         let tracked = sessions.get(key).map(|s| (s, key));
         let accepted = tracked.is_some();
         if o.outcome != Outcome::ClientError
-            && self.inner.config.load().enabled
+            && self.config_of(o.call).enabled
             && let Some(tool) = o.call.target()
         {
             self.learn(tool, o, tracked);

@@ -2,16 +2,16 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use tower::Layer;
 
 use super::{FifoLimit, ResourceLimiter};
+use crate::snapshot::{Live, Part};
 
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) limiter: ResourceLimiter,
     /// Resource key per tool; a reload swaps it.
-    pub(crate) tool_keys: ArcSwap<HashMap<String, String>>,
+    pub(crate) tool_keys: Live<HashMap<String, String>>,
 }
 
 /// Builds [`FifoLimit`] services: the FIFO limiter for inbound MCP `tools/call`s.
@@ -31,7 +31,7 @@ impl FifoLimitLayer {
         FifoLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
-                tool_keys: ArcSwap::from_pointee(HashMap::new()),
+                tool_keys: Live::new(HashMap::new()),
             }),
         }
     }
@@ -44,7 +44,7 @@ impl FifoLimitLayer {
         FifoLimitLayer {
             shared: Arc::new(Shared {
                 limiter: self.shared.limiter.clone(),
-                tool_keys: ArcSwap::from_pointee(keys),
+                tool_keys: Live::new(keys),
             }),
         }
     }
@@ -52,6 +52,11 @@ impl FifoLimitLayer {
     /// Replaces the tool-to-key map (a reload).
     pub fn set_tool_keys(&self, keys: HashMap<String, String>) {
         self.shared.tool_keys.store(Arc::new(keys));
+    }
+
+    /// The layer's entries in a snapshot taken now: its tool map and its limiter's settings.
+    pub(crate) fn parts(&self) -> [Part; 2] {
+        [self.shared.tool_keys.part(), self.shared.limiter.part()]
     }
 
     /// The limiter, to report upstream 429s or read queue depths.

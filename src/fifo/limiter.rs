@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use crate::snapshot::{Live, Part, Snapshot};
 use dashmap::DashMap;
 use tokio::time::{Instant, Sleep};
 
@@ -64,7 +64,7 @@ struct Settings {
 
 struct Inner {
     keys: DashMap<Arc<str>, Arc<Key>>,
-    settings: ArcSwap<Settings>,
+    settings: Live<Settings>,
     /// Set while the kill switch is off or per-resource limits are switched off: every caller
     /// goes through at once (still counted in flight).
     bypass: Arc<AtomicBool>,
@@ -112,7 +112,7 @@ impl ResourceLimiterBuilder {
             inner: Arc::new(Inner {
                 keys: DashMap::new(),
                 bypass: Arc::new(AtomicBool::new(false)),
-                settings: ArcSwap::from_pointee(Settings {
+                settings: Live::new(Settings {
                     configured: self.configured,
                     default_limits: self.default_limits,
                     max_keys: self.max_keys.unwrap_or(DEFAULT_MAX_KEYS),
@@ -140,7 +140,31 @@ impl ResourceLimiter {
 
     /// Whether `key` has limits of its own (configured one by one).
     pub fn is_configured(&self, key: &str) -> bool {
-        self.inner.settings.load().configured.contains_key(key)
+        self.is_configured_in(key, None)
+    }
+
+    /// [`is_configured`](Self::is_configured) under a request's snapshot.
+    pub(crate) fn is_configured_in(&self, key: &str, snapshot: Option<&Snapshot>) -> bool {
+        self.inner
+            .settings
+            .read(snapshot)
+            .configured
+            .contains_key(key)
+    }
+
+    /// Whether keys not configured one by one are limited, under a request's snapshot.
+    pub(crate) fn default_limited_in(&self, snapshot: Option<&Snapshot>) -> bool {
+        !self
+            .inner
+            .settings
+            .read(snapshot)
+            .default_limits
+            .is_unlimited()
+    }
+
+    /// The limiter's entry in a snapshot taken now.
+    pub(crate) fn part(&self) -> Part {
+        self.inner.settings.part()
     }
 
     /// Takes new limits: keys already in use switch to theirs at once (waiters are

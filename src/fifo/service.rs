@@ -168,9 +168,11 @@ impl<S> FifoLimit<S> {
         let Some(calls) = calls else {
             return Vec::new();
         };
-        let tool_keys = self.shared.tool_keys.load();
+        // The settings of the request's snapshot.
+        let snapshot = calls.iter().next().and_then(|c| c.snapshot());
+        let tool_keys = self.shared.tool_keys.read(snapshot);
         let limiter = &self.shared.limiter;
-        let default_limited = !limiter.limits(DEFAULT_KEY).is_unlimited();
+        let default_limited = limiter.default_limited_in(snapshot);
         let mut wanted: Vec<(&str, usize, Option<&str>)> = calls
             .iter()
             .enumerate()
@@ -181,7 +183,7 @@ impl<S> FifoLimit<S> {
                 // choice, and an unknown one must not make state.
                 let key = match tool_keys.get(tool) {
                     Some(key) => key.as_str(),
-                    None if limiter.is_configured(tool) => tool,
+                    None if limiter.is_configured_in(tool, snapshot) => tool,
                     None if default_limited => DEFAULT_KEY,
                     None => return None,
                 };
