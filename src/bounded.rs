@@ -5,12 +5,18 @@
 //! per store (per process and per stage), so a client cannot choose ids that collide, and a
 //! megabyte of id costs 8 bytes here. The store holds at most `cap` entries (the cap is passed
 //! on each insert, so a reload can change it): past it, nothing new is inserted and no entry is
-//! evicted for a newcomer (the caller decides where the newcomer goes). Entries leave only
-//! through [`retain`](Bounded::retain), which the owner's sweeper calls.
+//! evicted for a newcomer: the caller sends it to its store's one shared entry, named
+//! [`OVERFLOW`]. Entries leave only through [`retain`](Bounded::retain), which the owner's
+//! sweeper calls.
 
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 
 use dashmap::DashMap;
+
+/// The name of the entry that what a full store turns away shares: the FIFO key of keys past
+/// `max_keys`, the tenant of tenants past `max_tenants`, the unverified pool of tenants past
+/// the session guard's `max_tenants`.
+pub const OVERFLOW: &str = "~overflow";
 
 /// A map of at most `cap` entries keyed by a keyed hash. See the [module docs](self).
 pub(crate) struct Bounded<V> {
@@ -66,6 +72,13 @@ impl<V: Clone> Bounded<V> {
     /// Keeps only the entries for which `keep` is true.
     pub(crate) fn retain(&self, mut keep: impl FnMut(&V) -> bool) {
         self.map.retain(|_, v| keep(v));
+    }
+
+    /// Calls `f` on every entry stored.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&V)) {
+        for entry in self.map.iter() {
+            f(entry.value());
+        }
     }
 
     /// Entries stored.

@@ -73,6 +73,7 @@ mod snapshot;
 mod sse;
 pub mod stats;
 
+pub use bounded::OVERFLOW;
 pub use call::{Call, CallKind, Calls, RequestId, SessionId, Tenant};
 pub use error::{ConfigError, ControlError};
 pub use rejection::{Reason, Rejection, RejectionFormat, Scope};

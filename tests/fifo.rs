@@ -4,9 +4,7 @@ use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stormgate::fifo::{
-    AcquireError, MAX_KEY_LEN, OVERFLOW_KEY, ResourceLimiter, ResourceLimits, WindowLimit,
-};
+use stormgate::fifo::{AcquireError, MAX_KEY_LEN, ResourceLimiter, ResourceLimits, WindowLimit};
 use tokio::time::Instant;
 
 const KEY: &str = "db";
@@ -411,7 +409,7 @@ async fn keys_past_the_cap_share_the_overflow_key() {
     }
     for i in 2..1000 {
         let lease = limiter.acquire(&format!("tool-{i}"), None).await.unwrap();
-        assert_eq!(lease.key(), OVERFLOW_KEY);
+        assert_eq!(lease.key(), stormgate::OVERFLOW);
     }
     assert_eq!(limiter.key_count(), 3);
 }
@@ -429,7 +427,7 @@ async fn a_long_unconfigured_name_shares_the_overflow_key_and_is_not_stored() {
         // 256 KiB tool names, as a hostile client sends them.
         let name = format!("{i}{}", "x".repeat(256 * 1024));
         let lease = limiter.acquire(&name, None).await.unwrap();
-        assert_eq!(lease.key(), OVERFLOW_KEY);
+        assert_eq!(lease.key(), stormgate::OVERFLOW);
     }
     let fits = "y".repeat(MAX_KEY_LEN);
     assert_eq!(limiter.acquire(&fits, None).await.unwrap().key(), fits);

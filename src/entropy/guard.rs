@@ -14,7 +14,7 @@ use super::key::hash_arguments;
 use super::score::{Signals, Tolerances, budget_factor, distress, storm_score};
 use super::window::SessionWindow;
 use crate::admit::{Admission, AdmitLayer};
-use crate::bounded::Bounded;
+use crate::bounded::{Bounded, OVERFLOW};
 use crate::call::{Call, SessionId, Tenant};
 use crate::metrics;
 use crate::outcome::{Observation, Observer, Outcome};
@@ -22,8 +22,6 @@ use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
 use crate::stats::{Ewma, OwnBaselines, ToolBaselines};
 
-/// The pool of the tenants past `max_tenants`.
-pub const OVERFLOW_SESSION: &str = "~overflow";
 /// How a tenant's unverified pool is named in the top-N view: this, then the tenant.
 pub const UNVERIFIED_PREFIX: &str = "~unverified:";
 pub use crate::stats::MAX_TOOLS;
@@ -415,7 +413,7 @@ impl SessionGuard {
         config.validate()?;
         let guard = SessionGuard {
             inner: Arc::new(Inner {
-                overflow: Arc::new(Pool::new(&Tenant::new(OVERFLOW_SESSION), &config, 0)),
+                overflow: Arc::new(Pool::new(&Tenant::new(OVERFLOW), &config, 0)),
                 switch,
                 epoch: Instant::now(),
                 sessions: Bounded::new(),

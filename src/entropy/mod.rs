@@ -45,8 +45,7 @@ mod window;
 
 pub(crate) use guard::ClientKeys;
 pub use guard::{
-    MAX_TOOLS, OVERFLOW_SESSION, SessionConfig, SessionGuard, SessionPermit, SessionSummary,
-    UNVERIFIED_PREFIX,
+    MAX_TOOLS, SessionConfig, SessionGuard, SessionPermit, SessionSummary, UNVERIFIED_PREFIX,
 };
 pub use key::MAX_HASHED_ARGS;
 pub use score::{Signals, Tolerances, budget_factor, distress, diversity, storm_score};

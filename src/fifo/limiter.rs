@@ -10,23 +10,22 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use crate::snapshot::{Live, Part, Snapshot};
-use dashmap::DashMap;
 use tokio::time::{Instant, Sleep};
 
 use super::error::AcquireError;
 use super::limits::ResourceLimits;
+use crate::bounded::{Bounded, OVERFLOW};
 use crate::metrics;
 
-/// Default bound on distinct resource keys; past it, new keys share [`OVERFLOW_KEY`].
+/// Default bound on distinct resource keys; past it, new keys share [`OVERFLOW`] (so a flood
+/// of new names cannot grow memory).
 pub const DEFAULT_MAX_KEYS: usize = 10_000;
-/// The key that keys past `max_keys` share, so a flood of new names cannot grow memory.
-pub const OVERFLOW_KEY: &str = "~overflow";
 /// The one key every tool call without a key of its own shares in the inbound layer, under the
 /// default limits (`[fifo.default]`).
 pub const DEFAULT_KEY: &str = "~default";
 /// The longest key name tracked on its own, bytes: a longer name not configured (a client can
-/// name a tool with a megabyte) shares [`OVERFLOW_KEY`], so keys hold at most
-/// `max_keys` x this many bytes of names.
+/// name a tool with a megabyte) shares [`OVERFLOW`], so keys hold at most `max_keys` x this
+/// many bytes of names.
 pub const MAX_KEY_LEN: usize = 128;
 /// Cooldown after an upstream 429 that gave no Retry-After (seed 000 section 3).
 pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
@@ -63,7 +62,10 @@ struct Settings {
 }
 
 struct Inner {
-    keys: DashMap<Arc<str>, Arc<Key>>,
+    /// The keys, by a keyed hash of their name.
+    keys: Bounded<Arc<Key>>,
+    /// The key of names past `max_keys` or longer than [`MAX_KEY_LEN`], made on first use.
+    overflow: std::sync::OnceLock<Arc<Key>>,
     settings: Live<Settings>,
     /// Set while the kill switch is off or per-resource limits are switched off: every caller
     /// goes through at once (still counted in flight).
@@ -110,7 +112,8 @@ impl ResourceLimiterBuilder {
     pub fn build(self) -> ResourceLimiter {
         ResourceLimiter {
             inner: Arc::new(Inner {
-                keys: DashMap::new(),
+                keys: Bounded::new(),
+                overflow: std::sync::OnceLock::new(),
                 bypass: Arc::new(AtomicBool::new(false)),
                 settings: Live::new(Settings {
                     configured: self.configured,
@@ -181,28 +184,53 @@ impl ResourceLimiter {
             max_keys,
         }));
         let now = Instant::now();
-        for key in self.inner.keys.iter() {
-            key.set_limits(self.limits(&key.name), now);
+        self.each_key(|key| key.set_limits(self.limits(&key.name), now));
+    }
+
+    /// Calls `f` on every key made so far, the overflow key included.
+    fn each_key(&self, mut f: impl FnMut(&Key)) {
+        self.inner.keys.for_each(|key| f(key));
+        if let Some(key) = self.inner.overflow.get() {
+            f(key);
         }
     }
 
-    fn key(&self, name: &str) -> Arc<Key> {
-        if let Some(key) = self.inner.keys.get(name) {
-            return key.clone();
+    /// The key named `name`, if made.
+    fn find(&self, name: &str) -> Option<Arc<Key>> {
+        match name {
+            OVERFLOW => self.inner.overflow.get().cloned(),
+            _ => self.inner.keys.get(self.inner.keys.key(name)),
         }
+    }
+
+    /// The key named `name`, made if new: past `max_keys`, or longer than [`MAX_KEY_LEN`],
+    /// a name not configured shares [`OVERFLOW`]; configured names always have their own.
+    fn key(&self, name: &str) -> Arc<Key> {
+        let keys = &self.inner.keys;
         let settings = self.inner.settings.load();
-        let name = if (self.inner.keys.len() >= settings.max_keys || name.len() > MAX_KEY_LEN)
-            && !settings.configured.contains_key(name)
-        {
-            OVERFLOW_KEY
-        } else {
-            name
-        };
-        let limits = self.limits(name);
+        let configured = settings.configured.contains_key(name);
+        if name != OVERFLOW && (configured || name.len() <= MAX_KEY_LEN) {
+            let cap = if configured {
+                usize::MAX
+            } else {
+                settings.max_keys
+            };
+            let made = keys.get_or_insert(keys.key(name), cap, || {
+                Arc::new(Key::new(name, self.limits(name), self.inner.bypass.clone()))
+            });
+            if let Some(key) = made {
+                return key;
+            }
+        }
         self.inner
-            .keys
-            .entry(Arc::from(name))
-            .or_insert_with(|| Arc::new(Key::new(name, limits, self.inner.bypass.clone())))
+            .overflow
+            .get_or_init(|| {
+                Arc::new(Key::new(
+                    OVERFLOW,
+                    self.limits(OVERFLOW),
+                    self.inner.bypass.clone(),
+                ))
+            })
             .clone()
     }
 
@@ -262,25 +290,25 @@ impl ResourceLimiter {
             return;
         }
         let now = Instant::now();
-        for key in self.inner.keys.iter() {
+        self.each_key(|key| {
             let mut state = key.lock();
             key.pump(&mut state, now);
-        }
+        });
     }
 
     /// Waiters queued on `key` now.
     pub fn queue_depth(&self, key: &str) -> usize {
-        self.inner.keys.get(key).map_or(0, |k| k.lock().queue.len())
+        self.find(key).map_or(0, |k| k.lock().queue.len())
     }
 
     /// Calls in flight on `key` now.
     pub fn in_flight(&self, key: &str) -> usize {
-        self.inner.keys.get(key).map_or(0, |k| k.lock().in_flight)
+        self.find(key).map_or(0, |k| k.lock().in_flight)
     }
 
-    /// Distinct keys tracked.
+    /// Distinct keys tracked, the overflow key included.
     pub fn key_count(&self) -> usize {
-        self.inner.keys.len()
+        self.inner.keys.len() + usize::from(self.inner.overflow.get().is_some())
     }
 }
 

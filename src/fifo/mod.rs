@@ -48,8 +48,8 @@ pub use config::FifoConfig;
 pub use error::AcquireError;
 pub use layer::FifoLimitLayer;
 pub use limiter::{
-    Acquire, DEFAULT_COOLDOWN, DEFAULT_KEY, DEFAULT_MAX_KEYS, Lease, MAX_KEY_LEN, OVERFLOW_KEY,
-    ResourceLimiter, ResourceLimiterBuilder,
+    Acquire, DEFAULT_COOLDOWN, DEFAULT_KEY, DEFAULT_MAX_KEYS, Lease, MAX_KEY_LEN, ResourceLimiter,
+    ResourceLimiterBuilder,
 };
 pub use limits::{ResourceLimits, WindowLimit};
 pub use outbound::{OutboundFuture, OutboundLimit, OutboundLimitLayer};
