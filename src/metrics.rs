@@ -125,9 +125,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dashmap::DashSet;
+use ::metrics::SharedString;
 use metrics_exporter_prometheus::PrometheusBuilder;
 
+use crate::bounded::Bounded;
 use crate::call::Call;
 use crate::outcome::{Observation, Observer};
 use crate::rejection::Rejection;
@@ -142,29 +143,32 @@ pub const MAX_LABEL_LEN: usize = 128;
 
 struct Cap {
     max: AtomicUsize,
-    seen: DashSet<String>,
+    /// The values labelled so far, by a keyed hash: at most `max` of at most
+    /// [`MAX_LABEL_LEN`] bytes.
+    seen: Bounded<Arc<str>>,
 }
 
 impl Cap {
     fn new() -> Self {
         Cap {
             max: AtomicUsize::new(DEFAULT_LABEL_CAP),
-            seen: DashSet::new(),
+            seen: Bounded::new(),
         }
     }
 
-    fn label(&self, value: &str) -> String {
+    /// The value's label: the value, shared (no copy once labelled), or [`OTHER`].
+    fn label(&self, value: &str) -> SharedString {
         if value.len() > MAX_LABEL_LEN {
-            return OTHER.to_owned();
+            return SharedString::const_str(OTHER);
         }
-        if self.seen.contains(value) {
-            return value.to_owned();
+        let cap = self.max.load(Ordering::Relaxed);
+        match self
+            .seen
+            .get_or_insert(self.seen.key(value), cap, || Arc::from(value))
+        {
+            Some(label) => SharedString::from(label),
+            None => SharedString::const_str(OTHER),
         }
-        if self.seen.len() < self.max.load(Ordering::Relaxed) {
-            self.seen.insert(value.to_owned());
-            return value.to_owned();
-        }
-        OTHER.to_owned()
     }
 }
 
@@ -210,12 +214,12 @@ impl Labels {
     }
 
     /// The `tenant` label for a tenant name (capped).
-    pub fn tenant(&self, tenant: &str) -> String {
+    pub fn tenant(&self, tenant: &str) -> SharedString {
         self.tenants.label(tenant)
     }
 
     /// The `tool` label for a call's target (capped; `none` for calls without one).
-    pub fn tool(&self, tool: Option<&str>) -> String {
+    pub fn tool(&self, tool: Option<&str>) -> SharedString {
         self.tools.label(tool.unwrap_or("none"))
     }
 }
@@ -310,21 +314,21 @@ mod tests {
     fn labels_past_the_cap_are_other() {
         let cap = Cap::new();
         cap.max.store(2, Ordering::Relaxed);
-        assert_eq!(cap.label("a"), "a");
-        assert_eq!(cap.label("b"), "b");
-        assert_eq!(cap.label("c"), OTHER);
-        assert_eq!(cap.label("a"), "a", "values seen before keep their label");
+        assert_eq!(&*cap.label("a"), "a");
+        assert_eq!(&*cap.label("b"), "b");
+        assert_eq!(&*cap.label("c"), OTHER);
+        assert_eq!(&*cap.label("a"), "a", "values seen before keep their label");
     }
 
     #[test]
     fn long_values_are_other_and_not_stored() {
         let cap = Cap::new();
         let long = "x".repeat(MAX_LABEL_LEN + 1);
-        assert_eq!(cap.label(&long), OTHER);
-        assert_eq!(cap.label(&"y".repeat(1 << 20)), OTHER);
+        assert_eq!(&*cap.label(&long), OTHER);
+        assert_eq!(&*cap.label(&"y".repeat(1 << 20)), OTHER);
         assert!(cap.seen.is_empty(), "nothing kept");
         let fits = "z".repeat(MAX_LABEL_LEN);
-        assert_eq!(cap.label(&fits), fits);
+        assert_eq!(&*cap.label(&fits), fits);
     }
 }
 
@@ -339,15 +343,15 @@ mod labels_tests {
         for t in ["a", "b", "c"] {
             wide.tool(Some(t));
         }
-        assert_eq!(narrow.tool(Some("a")), "a");
-        assert_eq!(narrow.tool(Some("b")), OTHER);
+        assert_eq!(&*narrow.tool(Some("a")), "a");
+        assert_eq!(&*narrow.tool(Some("b")), OTHER);
         assert_eq!(
-            wide.tool(Some("c")),
+            &*wide.tool(Some("c")),
             "c",
             "the other stack's cap is its own"
         );
-        assert_eq!(wide.tenant("t1"), "t1");
-        assert_eq!(narrow.tenant("t1"), "t1");
-        assert_eq!(narrow.tenant("t2"), OTHER);
+        assert_eq!(&*wide.tenant("t1"), "t1");
+        assert_eq!(&*narrow.tenant("t1"), "t1");
+        assert_eq!(&*narrow.tenant("t2"), OTHER);
     }
 }
