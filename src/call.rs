@@ -143,13 +143,13 @@ pub struct Call {
     /// The JSON-RPC id (requests and responses).
     pub id: Option<RequestId>,
     /// The method (`tools/call`, `resources/read`, ...); `None` for responses.
-    pub method: Option<String>,
+    pub method: Option<Arc<str>>,
     /// `params.name` of a `tools/call`.
-    pub tool: Option<String>,
+    pub tool: Option<Arc<str>>,
     /// `params.uri` of a `resources/read`.
-    pub resource: Option<String>,
+    pub resource: Option<Arc<str>>,
     /// `params.name` of a `prompts/get`.
-    pub prompt: Option<String>,
+    pub prompt: Option<Arc<str>>,
     /// Who is charged.
     pub tenant: Tenant,
     /// The agent session.
@@ -190,7 +190,7 @@ impl CallKind {
 impl Call {
     /// A request with this method, id 1, the anonymous tenant and session, cost 1: for tests,
     /// benches and custom classifiers.
-    pub fn request(method: impl Into<String>) -> Self {
+    pub fn request(method: impl Into<Arc<str>>) -> Self {
         Call {
             kind: CallKind::Request,
             id: Some(RequestId::from_json("1").expect("valid json")),
@@ -213,7 +213,7 @@ impl Call {
     }
 
     /// Sets the tool name (and makes it a `tools/call`).
-    pub fn with_tool(mut self, tool: impl Into<String>) -> Self {
+    pub fn with_tool(mut self, tool: impl Into<Arc<str>>) -> Self {
         self.method = Some("tools/call".into());
         self.tool = Some(tool.into());
         self

@@ -171,7 +171,7 @@ impl Entry {
 }
 
 /// (tenant, session or "" for tenant scope, tool, key); client-chosen parts bounded in length.
-type Key = (Tenant, Arc<str>, String, String);
+type Key = (Tenant, Arc<str>, Arc<str>, String);
 
 /// Longest idempotency key kept as it is; a longer one is kept as a hash of it.
 const MAX_KEY_LEN: usize = 128;
@@ -410,7 +410,7 @@ where
         let key: Key = (
             call.tenant.clone(),
             session,
-            call.tool.clone().unwrap_or_default(),
+            call.tool.clone().unwrap_or_else(|| Arc::from("")),
             key,
         );
         let arguments = hash_of(call.arguments().unwrap_or("").trim().as_bytes());

@@ -125,7 +125,7 @@ async fn batch_with_every_id_type() {
             (
                 c.kind,
                 c.id.as_ref().map(|i| i.as_json().to_owned()),
-                c.tool.clone(),
+                c.tool.as_deref().map(str::to_owned),
             )
         })
         .collect();

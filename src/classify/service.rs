@@ -206,10 +206,10 @@ pub(crate) fn classify(
                 id: m
                     .id
                     .map(|raw| crate::call::RequestId::from_raw(raw.to_owned())),
-                method: method.map(str::to_owned),
-                tool: tool.map(str::to_owned),
-                resource: resource.map(str::to_owned),
-                prompt: prompt.map(str::to_owned),
+                method: method.map(Arc::from),
+                tool: tool.map(Arc::from),
+                resource: resource.map(Arc::from),
+                prompt: prompt.map(Arc::from),
                 session: shared.identity.session(parts, Meta::new(m.meta), &tenant),
                 tenant: tenant.clone(),
                 protocol_version,
