@@ -22,7 +22,8 @@ use pin_project_lite::pin_project;
 use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, Sleep};
 
-use crate::sse::SseParser;
+use crate::answer::{Framing, Listener, Message, Scan};
+use crate::sse;
 
 /// Per-tool deadlines, in milliseconds in config. Absent: no deadline.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,9 +84,8 @@ pin_project! {
         inner: Option<B>,
         #[pin]
         sleep: Sleep,
-        sse: SseParser,
-        // (id as JSON, the serialized error answer) of every call not answered yet.
-        pending: Vec<(String, Vec<u8>)>,
+        scan: Scan,
+        pending: Unanswered,
         done: bool,
     }
 }
@@ -95,17 +95,27 @@ impl<B> DeadlineBody<B> {
         DeadlineBody {
             inner: Some(inner),
             sleep: tokio::time::sleep_until(deadline),
-            sse: SseParser::default(),
-            pending,
+            scan: Scan::new(Framing::Sse),
+            pending: Unanswered(pending),
             done: false,
         }
     }
 }
 
-#[derive(Deserialize)]
-struct Id<'a> {
-    #[serde(borrow, default)]
-    id: Option<&'a serde_json::value::RawValue>,
+/// (id as JSON, the serialized error answer) of every call not answered yet: a message with
+/// its id answers it.
+struct Unanswered(Vec<(String, Vec<u8>)>);
+
+impl Listener for Unanswered {
+    fn wants(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    fn message(&mut self, message: &Message<'_>) {
+        if let Some(id) = message.id() {
+            self.0.retain(|(p, _)| p != id);
+        }
+    }
 }
 
 impl<B> http_body::Body for DeadlineBody<B>
@@ -129,12 +139,7 @@ where
             if let Some(Ok(f)) = &frame
                 && let Some(data) = f.data_ref()
             {
-                let pending = &mut *this.pending;
-                this.sse.feed(data, |event| {
-                    if let Ok(Id { id: Some(id) }) = serde_json::from_slice::<Id<'_>>(event) {
-                        pending.retain(|(p, _)| p != id.get().trim());
-                    }
-                });
+                this.scan.feed(data, this.pending);
             }
             if frame.is_none() {
                 *this.done = true;
@@ -147,14 +152,12 @@ where
         // The deadline passed: cancel the call and answer what is left.
         this.inner.set(None);
         *this.done = true;
-        if this.pending.is_empty() {
+        if this.pending.0.is_empty() {
             return Poll::Ready(None);
         }
         let mut out = BytesMut::new();
-        for (_, element) in this.pending.drain(..) {
-            out.extend_from_slice(b"event: message\ndata: ");
-            out.extend_from_slice(&element);
-            out.extend_from_slice(b"\n\n");
+        for (_, element) in this.pending.0.drain(..) {
+            sse::write_event(&mut out, &element);
         }
         Poll::Ready(Some(Ok(Frame::data(out.freeze()))))
     }

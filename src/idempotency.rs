@@ -24,7 +24,6 @@
 
 use crate::error::ConfigError;
 use std::collections::BTreeSet;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -32,11 +31,9 @@ use std::time::Duration;
 use crate::snapshot::{Live, Part};
 use axum::body::Body;
 use axum::response::Response;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use dashmap::DashMap;
-use http::{HeaderValue, Request, header};
-use http_body::Frame;
-use pin_project_lite::pin_project;
+use http::{Request, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::sync::watch;
@@ -45,10 +42,11 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 
 use crate::fifo::future::ResponseFuture;
 
+use crate::answer::{AnswerBody, Framing, Listener, Message, Scan};
 use crate::call::{Call, Calls, Meta, Tenant};
+use crate::mcp::reply;
 use crate::mcp::verdict::RefusedCalls;
 use crate::policy::{Mode, Switch};
-use crate::sse::SseParser;
 
 /// What to do with a listed tool called without a key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -304,53 +302,38 @@ fn key_of(
     })
 }
 
-fn json_response(body: Vec<u8>) -> Response {
-    let mut res = Response::new(Body::from(body));
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    res
-}
-
 fn replay(call: &Call, answer: &Answer) -> Response {
     let id = call.id.as_ref().map_or("null", |i| i.as_json());
-    json_response(
+    reply::json_response(
+        StatusCode::OK,
         format!(
             r#"{{"jsonrpc":"2.0","id":{id},"{}":{}}}"#,
             answer.member,
             answer.value.get()
-        )
-        .into_bytes(),
+        ),
     )
 }
 
 /// The answer to a call that reuses a key with other arguments: -32602, nothing ran, and no
 /// other call's answer is given.
 fn reused_key(call: &Call) -> Response {
-    let id = call.id.as_ref().map_or("null", |i| i.as_json());
-    json_response(
-        format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"idempotency key reused with different arguments"}}}}"#
-        )
-        .into_bytes(),
-    )
+    invalid_params(call, "idempotency key reused with different arguments")
 }
 
 fn missing_key(call: &Call, config: &IdempotencyConfig) -> Response {
-    let id = call.id.as_ref().map_or("null", |i| i.as_json());
     let message = format!(
         "tool {:?} is not idempotent: send an idempotency key in params._meta.{} or the {} header",
         call.tool.as_deref().unwrap_or(""),
         config.meta_key,
         config.header
     );
-    let body = serde_json::json!({"jsonrpc": "2.0", "id": serde_json::Value::Null,
-        "error": {"code": -32602, "message": message}});
-    let mut text = body.to_string();
-    // Echo the id verbatim.
-    text = text.replacen(r#""id":null"#, &format!(r#""id":{id}"#), 1);
-    json_response(text.into_bytes())
+    invalid_params(call, &message)
+}
+
+/// A JSON-RPC -32602 error answer to `call` (its id echoed verbatim).
+fn invalid_params(call: &Call, message: &str) -> Response {
+    let id = call.id.as_ref().map(|i| i.raw());
+    reply::json_response(StatusCode::OK, reply::error_element(id, -32602, message))
 }
 
 impl<S, ResBody> Service<Request<Body>> for Idempotent<S>
@@ -450,22 +433,12 @@ where
                             settle.finish(Settled::Retry);
                             return Ok(res);
                         }
-                        let streaming = res
-                            .headers()
-                            .get(header::CONTENT_TYPE)
-                            .and_then(|v| v.to_str().ok())
-                            .is_some_and(|c| c.starts_with("text/event-stream"));
-                        let id = call.id.as_ref().map(|i| i.as_json().to_owned());
-                        return Ok(res.map(|b| {
-                            Body::new(Capture {
-                                inner: b,
-                                id,
-                                streaming,
-                                json: BytesMut::new(),
-                                sse: SseParser::default(),
-                                settle: Some(settle),
-                            })
-                        }));
+                        let scan = Scan::new(Framing::or_json(res.headers()));
+                        let capture = Capture {
+                            id: call.id.as_ref().map(|i| i.as_json().to_owned()),
+                            settle: Some(settle),
+                        };
+                        return Ok(res.map(|b| Body::new(AnswerBody::new(b, scan, capture))));
                     }
                 }
             }
@@ -552,22 +525,11 @@ impl Drop for Settle {
     }
 }
 
-#[derive(Deserialize)]
-struct Reply<'a> {
-    #[serde(borrow, default)]
-    id: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    result: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    error: Option<&'a RawValue>,
-}
-
-fn answer_in(text: &[u8], id: Option<&str>) -> Option<Answer> {
-    let reply: Reply<'_> = serde_json::from_slice(text).ok()?;
-    if reply.id.map(|i| i.get().trim()) != id {
+fn answer_in(message: &Message<'_>, id: Option<&str>) -> Option<Answer> {
+    if message.id() != id {
         return None;
     }
-    let (member, value) = match (reply.result, reply.error) {
+    let (member, value) = match (message.result, message.error) {
         (Some(r), _) => ("result", r),
         (None, Some(e)) => ("error", e),
         _ => return None,
@@ -578,70 +540,30 @@ fn answer_in(text: &[u8], id: Option<&str>) -> Option<Answer> {
     })
 }
 
-pin_project! {
-    /// Passes the first call's answer on unchanged, and keeps it when it has passed.
-    struct Capture<B> {
-        #[pin]
-        inner: B,
-        id: Option<String>,
-        streaming: bool,
-        json: BytesMut,
-        sse: SseParser,
-        settle: Option<Settle>,
-    }
+/// The first call's listener: keeps the answer with its id once it has passed, or frees the
+/// key for a retry if the answer ends (or fails) without it.
+struct Capture {
+    id: Option<String>,
+    settle: Option<Settle>,
 }
 
-impl<B> http_body::Body for Capture<B>
-where
-    B: http_body::Body<Data = Bytes>,
-{
-    type Data = Bytes;
-    type Error = B::Error;
+impl Listener for Capture {
+    fn wants(&self) -> bool {
+        self.settle.is_some()
+    }
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        let frame = this.inner.poll_frame(cx);
-        if this.settle.is_none() {
-            return frame;
+    fn message(&mut self, message: &Message<'_>) {
+        if let Some(answer) = answer_in(message, self.id.as_deref())
+            && let Some(settle) = self.settle.take()
+        {
+            settle.finish(Settled::Answered(answer));
         }
-        match &frame {
-            Poll::Ready(Some(Ok(f))) => {
-                if let Some(data) = f.data_ref() {
-                    if *this.streaming {
-                        let id = this.id.as_deref();
-                        let mut found = None;
-                        this.sse.feed(data, |event| {
-                            if found.is_none() {
-                                found = answer_in(event, id);
-                            }
-                        });
-                        if let Some(answer) = found {
-                            let settle = this.settle.take().expect("checked above");
-                            settle.finish(Settled::Answered(answer));
-                        }
-                    } else {
-                        this.json.extend_from_slice(data);
-                    }
-                }
-            }
-            Poll::Ready(None) => {
-                let settle = this.settle.take().expect("checked above");
-                match answer_in(this.json.trim_ascii(), this.id.as_deref()) {
-                    Some(answer) => settle.finish(Settled::Answered(answer)),
-                    None => settle.finish(Settled::Retry),
-                }
-            }
-            Poll::Ready(Some(Err(_))) => {
-                if let Some(settle) = this.settle.take() {
-                    settle.finish(Settled::Retry);
-                }
-            }
-            Poll::Pending => {}
+    }
+
+    fn end(&mut self) {
+        if let Some(settle) = self.settle.take() {
+            settle.finish(Settled::Retry);
         }
-        frame
     }
 }
 

@@ -49,6 +49,7 @@
 //! ```
 
 pub mod admit;
+mod answer;
 mod bounded;
 pub mod breaker;
 pub mod budget;

@@ -1,5 +1,15 @@
-//! An incremental Server-Sent Events parser: bytes in, the `data` of each complete event out.
-//! Pure logic (a leaf: it imports no stage): chunks may split lines and events anywhere.
+//! Server-Sent Events: the one incremental parser (bytes in, the `data` of each complete event
+//! out) and the one framer of the events stormgate writes. Pure logic (a leaf: it imports no
+//! stage): chunks may split lines and events anywhere.
+
+use bytes::BytesMut;
+
+/// Appends one `message` event carrying `data` (one line of JSON) to `out`.
+pub(crate) fn write_event(out: &mut BytesMut, data: &[u8]) {
+    out.extend_from_slice(b"event: message\ndata: ");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\n\n");
+}
 
 /// Feeds on chunks; yields each event's `data` (its data lines joined with `\n`).
 #[derive(Debug, Default)]
@@ -78,6 +88,18 @@ mod tests {
         }
         let bytewise: Vec<&[u8]> = whole.chunks(1).collect();
         assert_eq!(events(&bytewise), ["{\"a\":1}", "x\ny"]);
+    }
+
+    #[test]
+    fn the_parser_reads_what_the_framer_writes() {
+        let mut out = BytesMut::new();
+        write_event(&mut out, br#"{"id":1}"#);
+        write_event(&mut out, b"[]");
+        assert_eq!(
+            &out[..],
+            b"event: message\ndata: {\"id\":1}\n\nevent: message\ndata: []\n\n"
+        );
+        assert_eq!(events(&[&out]), [r#"{"id":1}"#, "[]"]);
     }
 
     #[test]

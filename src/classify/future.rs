@@ -19,8 +19,9 @@ use tower::{BoxError, Service};
 use super::buffering::Reservation;
 use super::layer::Shared;
 use super::service::{classified, too_large, too_slow, unreadable};
+use crate::answer::Framing;
 use crate::call::Calls;
-use crate::mcp::{ToolListBody, ToolSchemas};
+use crate::mcp::{ToolSchemas, tool_list_body};
 
 pin_project! {
     /// Response future of [`Classify`](super::Classify): reads the body, then runs the inner
@@ -168,13 +169,9 @@ where
                     let Some(schemas) = learn.take() else {
                         return Poll::Ready(Ok(response.map(Body::new)));
                     };
-                    let sse = response
-                        .headers()
-                        .get(http::header::CONTENT_TYPE)
-                        .and_then(|v| v.to_str().ok())
-                        .is_some_and(|v| v.starts_with("text/event-stream"));
+                    let framing = Framing::or_json(response.headers());
                     return Poll::Ready(Ok(
-                        response.map(|b| Body::new(ToolListBody::new(b, schemas, sse)))
+                        response.map(|b| Body::new(tool_list_body(b, schemas, framing)))
                     ));
                 }
                 StateProj::Done { response } => {

@@ -12,7 +12,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub(crate) use envelope::parse;
-pub(crate) use schemas::ToolListBody;
+pub(crate) use schemas::tool_list_body;
 pub use schemas::{MAX_ANSWER, MAX_NAME, MAX_TOOLS, META_KEY, ToolSchemas};
 
 /// `Mcp-Session-Id`: the session header of MCP revisions before 2026-07-28.

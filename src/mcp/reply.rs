@@ -13,8 +13,10 @@ use http_body_util::BodyExt;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::answer::Framing;
 use crate::call::{Call, Calls};
 use crate::rejection::{Rejection, RejectionData, RejectionFormat};
+use crate::sse;
 
 /// JSON-RPC "Invalid Request".
 const INVALID_REQUEST: i64 = -32600;
@@ -146,7 +148,8 @@ fn retry_after_header(rejections: impl Iterator<Item = u64>) -> Option<HeaderVal
     rejections.max().map(HeaderValue::from)
 }
 
-fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
+/// A response of `status` with the JSON `body`.
+pub(crate) fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
     let mut res = Response::new(body.into());
     *res.status_mut() = status;
     res.headers_mut().insert(
@@ -174,20 +177,26 @@ pub(crate) fn rejection_response(calls: &Calls, rejected: &[(usize, Rejection)])
 
 /// A JSON-RPC "Invalid Request" error with id null, for bodies stormgate refuses to read.
 pub(crate) fn invalid_request(status: StatusCode, message: &str) -> Response {
+    json_response(status, error_element(None, INVALID_REQUEST, message))
+}
+
+/// The JSON-RPC error answer `code`, `message` (no `data`) to the call with `id` (`None`:
+/// null).
+pub(crate) fn error_element(id: Option<&RawValue>, code: i64, message: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
     write_json(
         &mut out,
         &Reply {
             jsonrpc: "2.0",
-            id: null(),
+            id: id.unwrap_or(null()),
             body: Outcome::Error {
-                code: INVALID_REQUEST,
+                code,
                 message: message.into(),
                 data: None,
             },
         },
     );
-    json_response(status, out)
+    out
 }
 
 /// `[a,b,c]` from serialized elements.
@@ -216,17 +225,11 @@ pub(crate) fn join_array<B: AsRef<[u8]>>(elements: &[B]) -> Vec<u8> {
 ///   rejected elements go unanswered, as the inner service's own failure would leave them.
 pub(crate) async fn merge(inner: Response, elements: Vec<Vec<u8>>) -> Response {
     let (mut parts, body) = inner.into_parts();
-    let content_type = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if content_type.starts_with("text/event-stream") {
+    let framing = Framing::of(&parts.headers);
+    if framing == Some(Framing::Sse) {
         let mut head = BytesMut::new();
         for e in &elements {
-            head.extend_from_slice(b"event: message\ndata: ");
-            head.extend_from_slice(e);
-            head.extend_from_slice(b"\n\n");
+            sse::write_event(&mut head, e);
         }
         parts.headers.remove(header::CONTENT_LENGTH);
         let body = Body::new(Prepend {
@@ -238,7 +241,7 @@ pub(crate) async fn merge(inner: Response, elements: Vec<Vec<u8>>) -> Response {
     if parts.status == StatusCode::ACCEPTED {
         return json_response(StatusCode::OK, join_array(&elements));
     }
-    if !parts.status.is_success() || !content_type.starts_with("application/json") {
+    if !parts.status.is_success() || framing != Some(Framing::Json) {
         return Response::from_parts(parts, body);
     }
     let bytes = match body.collect().await {

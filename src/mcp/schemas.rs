@@ -5,17 +5,12 @@
 //! result's `_meta` under [`META_KEY`].
 
 use std::collections::HashSet;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 
-use bytes::Bytes;
-use http_body::Frame;
-use pin_project_lite::pin_project;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use crate::sse::SseParser;
+use crate::answer::{AnswerBody, Framing, Listener, Message, Scan};
 
 /// The `_meta` key of a refusal's data for tools that declare an `outputSchema`.
 pub const META_KEY: &str = "io.stormgate/rejection";
@@ -33,11 +28,6 @@ pub const MAX_ANSWER: usize = 4 * 1024 * 1024;
 #[derive(Debug, Default)]
 pub struct ToolSchemas {
     declared: Mutex<HashSet<Box<str>>>,
-}
-
-#[derive(Deserialize)]
-struct Answer {
-    result: Option<ListResult>,
 }
 
 #[derive(Deserialize)]
@@ -74,10 +64,10 @@ impl ToolSchemas {
 
     /// Learns from one JSON-RPC message of a `tools/list` answer: each listed tool with an
     /// `outputSchema` is added, each without one removed.
-    pub(crate) fn learn(&self, message: &[u8]) {
-        let Ok(Answer {
-            result: Some(result),
-        }) = serde_json::from_slice::<Answer>(message)
+    fn learn(&self, message: &Message<'_>) {
+        let Some(Ok(result)) = message
+            .result
+            .map(|r| serde_json::from_str::<ListResult>(r.get()))
         else {
             return;
         };
@@ -92,95 +82,60 @@ impl ToolSchemas {
     }
 }
 
-pin_project! {
-    /// A `tools/list` answer passed through unchanged, learned from as it goes (JSON: at its
-    /// end; SSE: event by event), up to [`MAX_ANSWER`] bytes.
-    pub(crate) struct ToolListBody<B> {
-        #[pin]
-        inner: B,
-        schemas: Arc<ToolSchemas>,
-        sse: Option<SseParser>,
-        json: Vec<u8>,
-        read: usize,
+/// The classifier's listener on a `tools/list` answer: learns from each message.
+pub(crate) struct Learn(Arc<ToolSchemas>);
+
+impl Listener for Learn {
+    fn message(&mut self, message: &Message<'_>) {
+        self.0.learn(message);
     }
 }
 
-impl<B> ToolListBody<B> {
-    pub(crate) fn new(inner: B, schemas: Arc<ToolSchemas>, sse: bool) -> Self {
-        ToolListBody {
-            inner,
-            schemas,
-            sse: sse.then(SseParser::default),
-            json: Vec::new(),
-            read: 0,
-        }
-    }
-}
+/// A `tools/list` answer passed through unchanged, learned from as it goes (JSON: at its
+/// end; SSE: event by event), up to [`MAX_ANSWER`] bytes.
+pub(crate) type ToolListBody<B> = AnswerBody<B, Learn>;
 
-impl<B> http_body::Body for ToolListBody<B>
-where
-    B: http_body::Body<Data = Bytes>,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        let frame = std::task::ready!(this.inner.poll_frame(cx));
-        match &frame {
-            Some(Ok(f)) => {
-                if let Some(data) = f.data_ref() {
-                    *this.read += data.len();
-                    if *this.read <= MAX_ANSWER {
-                        let schemas = &**this.schemas;
-                        match this.sse.as_mut() {
-                            Some(sse) => sse.feed(data, |event| schemas.learn(event)),
-                            None => this.json.extend_from_slice(data),
-                        }
-                    } else {
-                        this.json.clear();
-                    }
-                }
-            }
-            None if this.sse.is_none() && !this.json.is_empty() => {
-                this.schemas.learn(this.json);
-                this.json.clear();
-            }
-            _ => {}
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
+/// `inner`, a `tools/list` answer framed as `framing`, learned from into `schemas`.
+pub(crate) fn tool_list_body<B>(
+    inner: B,
+    schemas: Arc<ToolSchemas>,
+    framing: Framing,
+) -> ToolListBody<B> {
+    AnswerBody::new(
+        inner,
+        Scan::new(framing).with_limit(MAX_ANSWER),
+        Learn(schemas),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    impl ToolSchemas {
+        fn learn_text(&self, text: &[u8]) {
+            if let Some(message) = Message::parse(text) {
+                self.learn(&message);
+            }
+        }
+    }
+
     #[test]
     fn learns_which_tools_declare_a_schema_and_forgets_on_relisting() {
         let s = ToolSchemas::default();
-        s.learn(
+        s.learn_text(
             br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[
             {"name":"a","inputSchema":{},"outputSchema":{"type":"object"}},
             {"name":"b","inputSchema":{}}]}}"#,
         );
         assert!(s.declares("a"));
         assert!(!s.declares("b"));
-        s.learn(br#"{"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"a","inputSchema":{}}]}}"#);
+        s.learn_text(
+            br#"{"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"a","inputSchema":{}}]}}"#,
+        );
         assert!(!s.declares("a"), "relisted without one");
-        s.learn(b"not json");
-        s.learn(br#"{"jsonrpc":"2.0","id":3,"error":{"code":1,"message":"x"}}"#);
+        s.learn_text(b"not json");
+        s.learn_text(br#"{"jsonrpc":"2.0","id":3,"error":{"code":1,"message":"x"}}"#);
         assert!(s.is_empty());
     }
 
@@ -193,7 +148,7 @@ mod tests {
             .chain([format!(r#"{{"name":"{long}","outputSchema":{{}}}}"#)])
             .collect();
         let answer = format!(r#"{{"result":{{"tools":[{}]}}}}"#, tools.join(","));
-        s.learn(answer.as_bytes());
+        s.learn_text(answer.as_bytes());
         assert_eq!(s.len(), MAX_TOOLS);
         assert!(!s.declares(&long));
     }

@@ -1,12 +1,7 @@
 //! Settling calls from their answer: the pending set and the observing body.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::time::Instant;
@@ -15,8 +10,8 @@ use super::{
     CLIENT_ERROR_CODES, INPUT_VALIDATION_PREFIXES, Observation, Observer, Outcome,
     REQUEST_TIMEOUT_CODE,
 };
+use crate::answer::{AnswerBody, Listener, Message};
 use crate::call::{Call, SessionId};
-use crate::sse::SseParser;
 
 /// The observers every outcome goes to.
 pub(crate) type Observers = Arc<[Arc<dyn Observer>]>;
@@ -89,7 +84,7 @@ impl Pending {
         }
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         self.calls.is_empty()
     }
 }
@@ -98,16 +93,6 @@ impl Drop for Pending {
     fn drop(&mut self) {
         self.settle_all(Outcome::Cancelled, 0);
     }
-}
-
-#[derive(Deserialize)]
-struct Reply<'a> {
-    #[serde(borrow, default)]
-    id: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    result: Option<ResultPart<'a>>,
-    #[serde(default)]
-    error: Option<ErrorPart>,
 }
 
 #[derive(Deserialize)]
@@ -149,8 +134,18 @@ struct ErrorPart {
 }
 
 /// The id and outcome a JSON-RPC answer carries, if it is one.
-fn outcome_of(reply: Reply<'_>) -> Option<(&RawValue, Outcome)> {
-    let outcome = match (&reply.result, &reply.error) {
+fn outcome_of<'a>(message: &Message<'a>) -> Option<(&'a RawValue, Outcome)> {
+    let result = message
+        .result
+        .map(|r| serde_json::from_str::<ResultPart<'_>>(r.get()))
+        .transpose()
+        .ok()?;
+    let error = message
+        .error
+        .map(|e| serde_json::from_str::<ErrorPart>(e.get()))
+        .transpose()
+        .ok()?;
+    let outcome = match (&result, &error) {
         (_, Some(e)) if e.code == REQUEST_TIMEOUT_CODE => Outcome::Timeout,
         (_, Some(e)) if CLIENT_ERROR_CODES.contains(&e.code) => Outcome::ClientError,
         (_, Some(_)) => Outcome::Error,
@@ -161,115 +156,38 @@ fn outcome_of(reply: Reply<'_>) -> Option<(&RawValue, Outcome)> {
         (Some(_), None) => Outcome::Ok,
         (None, None) => return None,
     };
-    Some((reply.id?, outcome))
+    Some((message.id?, outcome))
 }
 
-fn settle_message(pending: &mut Pending, text: &[u8]) {
-    if let Ok(reply) = serde_json::from_slice::<Reply<'_>>(text)
-        && let Some((id, outcome)) = outcome_of(reply)
-    {
-        pending.settle(id, outcome, text.len() as u64);
+/// The outcome layer's listener: each message settles the call with its id; whatever the
+/// answer did not settle by its end was never answered (the server failed it).
+impl Listener for Pending {
+    fn wants(&self) -> bool {
+        !self.is_empty()
     }
-}
 
-/// How an answer is scanned.
-pub(crate) enum Scan {
-    /// `application/json`: a copy of the body, read at its end.
-    Json(BytesMut),
-    /// `text/event-stream`: events as they pass.
-    Sse(SseParser),
-}
-
-impl Scan {
-    fn data(&mut self, pending: &mut Pending, chunk: &Bytes) {
-        match self {
-            Scan::Json(buf) => buf.extend_from_slice(chunk),
-            Scan::Sse(parser) => parser.feed(chunk, |event| settle_message(pending, event)),
+    fn message(&mut self, message: &Message<'_>) {
+        if let Some((id, outcome)) = outcome_of(message) {
+            self.settle(id, outcome, message.len as u64);
         }
     }
 
-    fn end(&mut self, pending: &mut Pending) {
-        if let Scan::Json(buf) = self {
-            let text = buf.trim_ascii();
-            match text.first() {
-                Some(b'[') => {
-                    if let Ok(items) = serde_json::from_slice::<Vec<&RawValue>>(text) {
-                        for item in items {
-                            settle_message(pending, item.get().as_bytes());
-                        }
-                    }
-                }
-                _ => settle_message(pending, text),
-            }
-        }
-        // Whatever the answer did not settle was never answered: the server failed it.
-        pending.settle_all(Outcome::Error, 0);
+    fn end(&mut self) {
+        self.settle_all(Outcome::Error, 0);
     }
 }
 
-pin_project! {
-    /// A response body that settles its calls as it passes, without holding any chunk back.
-    pub(crate) struct ObservedBody<B> {
-        #[pin]
-        inner: B,
-        scan: Scan,
-        pending: Pending,
-    }
-}
-
-impl<B> ObservedBody<B> {
-    pub(crate) fn new(inner: B, scan: Scan, pending: Pending) -> Self {
-        ObservedBody {
-            inner,
-            scan,
-            pending,
-        }
-    }
-}
-
-impl<B> Body for ObservedBody<B>
-where
-    B: Body<Data = Bytes>,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        let frame = this.inner.poll_frame(cx);
-        match &frame {
-            Poll::Ready(Some(Ok(f))) => {
-                if let Some(data) = f.data_ref()
-                    && !this.pending.is_empty()
-                {
-                    this.scan.data(this.pending, data);
-                }
-            }
-            Poll::Ready(Some(Err(_))) => this.pending.settle_all(Outcome::Error, 0),
-            Poll::Ready(None) => this.scan.end(this.pending),
-            Poll::Pending => {}
-        }
-        frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
+/// A response body that settles its calls as it passes, without holding any chunk back.
+pub(crate) type ObservedBody<B> = AnswerBody<B, Pending>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn outcome(text: &str) -> Outcome {
-        outcome_of(serde_json::from_str(text).unwrap()).unwrap().1
+        outcome_of(&Message::parse(text.as_bytes()).unwrap())
+            .unwrap()
+            .1
     }
 
     #[test]

@@ -5,15 +5,14 @@ use std::task::{Context, Poll, ready};
 
 use axum::body::Body;
 use axum::response::Response;
-use bytes::BytesMut;
-use http::{Request, StatusCode, header};
+use http::{Request, StatusCode};
 use pin_project_lite::pin_project;
 use tower::{BoxError, Service};
 
 use super::Outcome;
-use super::body::{ObservedBody, Observers, Pending, Scan};
+use super::body::{ObservedBody, Observers, Pending};
+use crate::answer::{Framing, Scan};
 use crate::call::{Call, Calls, SessionId};
-use crate::sse::SseParser;
 
 /// Reports how each request call ends. Built by [`OutcomeLayer`](super::OutcomeLayer).
 #[derive(Clone)]
@@ -108,21 +107,14 @@ where
         {
             pending.minted(&SessionId::new(crate::call::bounded(id)));
         }
-        let content_type = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
         let scan = if status.is_server_error() {
             pending.settle_all(Outcome::Error, 0);
             None
         } else if status.is_client_error() {
             pending.settle_all(Outcome::ClientError, 0);
             None
-        } else if content_type.starts_with("text/event-stream") {
-            Some(Scan::Sse(SseParser::default()))
-        } else if content_type.starts_with("application/json") {
-            Some(Scan::Json(BytesMut::new()))
+        } else if let Some(framing) = Framing::of(response.headers()) {
+            Some(Scan::new(framing))
         } else {
             pending.settle_all(
                 if status == StatusCode::ACCEPTED || status.is_success() {
