@@ -30,7 +30,7 @@ use http::request::Parts;
 use serde_json::value::RawValue;
 
 use crate::charges::Charges;
-use crate::mcp::ProtocolVersion;
+use crate::protocol::ProtocolVersion;
 use crate::rejection::RejectionFormat;
 use crate::snapshot::Snapshot;
 
@@ -278,6 +278,12 @@ impl Call {
     }
 }
 
+/// Who is told that a stage refused a call (it never ran): the classifier's observers.
+pub(crate) trait Refusals: Send + Sync {
+    /// `call` was refused with `rejection`.
+    fn refused(&self, call: &Call, rejection: &crate::Rejection);
+}
+
 /// The classifier's output for one HTTP request: every JSON-RPC message of its body.
 ///
 /// Attached to the request extensions by [`ClassifyLayer`](crate::classify::ClassifyLayer).
@@ -290,9 +296,9 @@ pub struct Calls {
     pub(crate) body: Bytes,
     pub(crate) format: Arc<RejectionFormat>,
     /// Which tools declare an `outputSchema` (for the tool-result form).
-    pub(crate) schemas: Arc<crate::mcp::ToolSchemas>,
+    pub(crate) schemas: Arc<crate::schemas::ToolSchemas>,
     /// Told of every refusal of these calls.
-    pub(crate) observers: Arc<[Arc<dyn crate::outcome::Observer>]>,
+    pub(crate) refusals: Arc<dyn Refusals>,
 }
 
 impl fmt::Debug for Calls {
@@ -459,7 +465,7 @@ impl Identify for DefaultIdentity {
     fn session(&self, parts: &Parts, meta: Meta<'_>, tenant: &Tenant) -> SessionId {
         if let Some(id) = parts
             .headers
-            .get(crate::mcp::SESSION_ID)
+            .get(crate::protocol::SESSION_ID)
             .and_then(|v| v.to_str().ok())
             .filter(|v| !v.is_empty())
         {

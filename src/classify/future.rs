@@ -21,7 +21,7 @@ use super::layer::Shared;
 use super::service::{classified, too_large, too_slow, unreadable};
 use crate::answer::Framing;
 use crate::call::Calls;
-use crate::mcp::{ToolSchemas, tool_list_body};
+use crate::schemas::{ToolSchemas, tool_list_body};
 
 pin_project! {
     /// Response future of [`Classify`](super::Classify): reads the body, then runs the inner

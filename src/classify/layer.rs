@@ -10,14 +10,16 @@ use tower::Layer;
 
 use super::Classify;
 use super::buffering::Buffering;
+use crate::call::Refusals;
 use crate::call::{DefaultIdentity, Identify};
 use crate::cost::Costs;
 use crate::deadline::DeadlineConfig;
 use crate::error::ConfigError;
-use crate::mcp::{ProtocolVersion, ToolSchemas};
-use crate::outcome::Observer;
+use crate::outcome::{Observer, Observers};
 use crate::policy::Switch;
+use crate::protocol::ProtocolVersion;
 use crate::rejection::RejectionFormat;
+use crate::schemas::ToolSchemas;
 use crate::snapshot::{Live, Part, Snapshot};
 
 /// Default bound on a buffered request body: 4 MiB, the same as rmcp's.
@@ -110,7 +112,7 @@ pub(crate) struct Shared {
     pub(crate) identity: Arc<dyn Identify>,
     pub(crate) format: Arc<RejectionFormat>,
     pub(crate) costs: Option<Arc<Costs>>,
-    pub(crate) observers: Arc<[Arc<dyn Observer>]>,
+    pub(crate) refusals: Arc<dyn Refusals>,
     pub(crate) deadlines: Arc<DeadlineConfig>,
     pub(crate) switch: Switch,
     pub(crate) batches: Batches,
@@ -141,7 +143,7 @@ impl ClassifyLayer {
                 identity: Arc::new(DefaultIdentity::new()),
                 format: Arc::new(RejectionFormat::default()),
                 costs: None,
-                observers: Arc::new([]),
+                refusals: Arc::new(Observers(Vec::new())),
                 deadlines: Arc::new(DeadlineConfig::default()),
                 switch: Switch::default(),
                 batches: Batches::default(),
@@ -221,8 +223,8 @@ impl ClassifyLayer {
     /// Tells these observers of every refusal by any stage below
     /// ([`Observer::refused`](crate::outcome::Observer::refused)).
     pub fn observers(self, observers: impl IntoIterator<Item = Arc<dyn Observer>>) -> Self {
-        let observers: Arc<[Arc<dyn Observer>]> = observers.into_iter().collect();
-        self.update(|s| s.observers = observers)
+        let refusals = Arc::new(Observers(observers.into_iter().collect()));
+        self.update(|s| s.refusals = refusals)
     }
 
     /// Gives each tool call its whole-round deadline ([`crate::deadline`]).

@@ -239,6 +239,6 @@ pub(crate) fn classify(
         body: body.clone(),
         format: shared.format.clone(),
         schemas: shared.schemas.clone(),
-        observers: shared.observers.clone(),
+        refusals: shared.refusals.clone(),
     })
 }

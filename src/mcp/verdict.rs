@@ -68,9 +68,7 @@ pub(crate) fn apply(mut request: Request<Body>, rejected: &[(usize, Rejection)])
     for (i, r) in rejected {
         // A refusal is not work: the stages before give back what they charged.
         calls.calls[*i].charges.refund();
-        for o in calls.observers.iter() {
-            o.refused(&calls.calls[*i], r);
-        }
+        calls.refusals.refused(&calls.calls[*i], r);
     }
     let refused = rejected.iter().map(|(i, _)| calls.calls[*i].seq).collect();
     if rejected.len() == calls.len() {
@@ -127,6 +125,6 @@ fn without(calls: &Calls, rejected: &[(usize, Rejection)]) -> Calls {
         body,
         format: calls.format.clone(),
         schemas: calls.schemas.clone(),
-        observers: calls.observers.clone(),
+        refusals: calls.refusals.clone(),
     }
 }

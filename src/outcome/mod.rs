@@ -23,6 +23,7 @@ mod body;
 mod layer;
 mod service;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use layer::OutcomeLayer;
@@ -119,3 +120,16 @@ pub const INPUT_VALIDATION_PREFIXES: [&str; 3] = [
     "MCP error -32602",
     "Input validation error",
 ];
+
+/// Observers told of refusals, as the classifier hands them to each request's [`Calls`].
+///
+/// [`Calls`]: crate::Calls
+pub(crate) struct Observers(pub(crate) Vec<Arc<dyn Observer>>);
+
+impl crate::call::Refusals for Observers {
+    fn refused(&self, call: &Call, rejection: &crate::Rejection) {
+        for o in &self.0 {
+            o.refused(call, rejection);
+        }
+    }
+}
