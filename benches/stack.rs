@@ -227,7 +227,7 @@ fn warmed(rt: &Runtime, mode: Mode, inner: Router, sessions: &[HeaderValue]) -> 
     control.set_mode(mode);
     let protected = control.wrap(inner);
     assert_admitted(rt, &protected, sessions);
-    control.budget().tick();
+    control.stages().budget.tick();
     assert_admitted(rt, &protected, sessions);
     (control, protected)
 }

@@ -45,7 +45,7 @@ async fn a_sql_scan_burst_drives_the_budget_down_and_it_recovers_by_steps() {
     };
     let backend = app::Backend::new();
     let (router, control) = app::protected(backend.clone(), config).unwrap();
-    let budget = control.budget().clone();
+    let budget = control.stages().budget.clone();
     let _tasks = control.spawn();
     let sid = session(&router).await;
 
@@ -144,7 +144,7 @@ async fn a_clumsy_client_moves_neither_the_budget_nor_a_breaker() {
                 "{msg}"
             );
         }
-        control.budget().tick();
+        control.stages().budget.tick();
     }
     assert_eq!(
         control.budget().current(),

@@ -38,7 +38,7 @@ fn one_at_a_time() -> Config {
 #[tokio::test(start_paused = true)]
 async fn off_releases_queued_waiters_at_once_and_adaptive_limits_again() {
     let control = Control::new(one_at_a_time()).unwrap();
-    let limiter = control.fifo().limiter().clone();
+    let limiter = control.stages().limiter.clone();
     let held = limiter.acquire("db", None).await.unwrap();
     let waiters: Vec<_> = (0..3)
         .map(|_| {
@@ -83,7 +83,7 @@ async fn fixed_enforces_exactly_its_limits() {
     let call = Call::request("tools/call").with_tool("x");
     let mut admitted = 0;
     for _ in 0..=1000 {
-        match control.budget().admit(&call) {
+        match control.stages().budget.admit(&call) {
             Ok(_) => admitted += 1,
             Err(r) => {
                 assert_eq!(r.reason(), Reason::FixedLimitExceeded);
@@ -114,7 +114,7 @@ async fn fixed_enforces_exactly_its_limits() {
     let mut per_tenant = [0; 2];
     for _ in 0..=1000 {
         for (i, c) in calls.iter().enumerate() {
-            if control.budget().admit(c).is_ok() {
+            if control.stages().budget.admit(c).is_ok() {
                 per_tenant[i] += 1;
             }
         }
@@ -125,7 +125,7 @@ async fn fixed_enforces_exactly_its_limits() {
 
 fn observe(control: &Control, failed: bool) {
     let call = Call::request("tools/call").with_tool("x");
-    control.budget().observe(&Observation {
+    control.stages().budget.observe(&Observation {
         call: &call,
         outcome: if failed { Outcome::Error } else { Outcome::Ok },
         service_time: ms(100),
@@ -149,7 +149,7 @@ async fn back_to_adaptive_resumes_the_learned_budget() {
         for _ in 0..10 {
             observe(&control, true);
         }
-        control.budget().tick();
+        control.stages().budget.tick();
     }
     assert!((control.budget().current() - 490.0).abs() < 1e-9);
     control.set_mode(Mode::Fixed);
@@ -168,7 +168,7 @@ async fn an_invalid_reload_changes_nothing_and_a_valid_one_keeps_learned_state()
     for _ in 0..10 {
         observe(&control, true);
     }
-    control.budget().tick();
+    control.stages().budget.tick();
     let learned = control.budget().current();
     assert!(learned < 1000.0);
     let before = control.config();

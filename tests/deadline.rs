@@ -69,7 +69,7 @@ async fn refused_at_once_when_the_queue_cannot_make_it_and_cut_when_running_past
     assert_eq!(b["error"]["data"]["queue_wait_ms"], 200);
     assert_eq!(b_at, ms(300), "cut at its deadline");
     assert_eq!(
-        control.fifo().limiter().in_flight("db"),
+        control.limiter().in_flight("db"),
         0,
         "its place is free at once"
     );

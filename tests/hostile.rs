@@ -248,7 +248,7 @@ async fn long_tool_names_are_not_stored() {
     let config = Config::from_toml(include_str!("../examples/stormgate.toml")).unwrap();
     let (router, control) = app::protected(app::Backend::new(), config).unwrap();
     let sid = session(&router).await;
-    let keys = control.fifo().limiter().key_count();
+    let keys = control.limiter().key_count();
     for i in 0..1000usize {
         let name = format!("{i}{}", "n".repeat(256 * 1024));
         let on = if i.is_multiple_of(2) {
@@ -263,11 +263,7 @@ async fn long_tool_names_are_not_stored() {
             .unwrap();
         common::body_bytes(res).await;
     }
-    assert_eq!(
-        control.fifo().limiter().key_count(),
-        keys,
-        "no FIFO key per name"
-    );
+    assert_eq!(control.limiter().key_count(), keys, "no FIFO key per name");
     assert_eq!(control.sessions().len(), 1, "only the real session");
     assert!(control.sessions().pools() <= 1);
     assert_eq!(control.audit().len(), 1);

@@ -75,7 +75,7 @@ fn fail_sql_scan(control: &stormgate::control::Control) {
         let failed = Call::request("tools/call")
             .with_tool("sql_scan")
             .with_tenant(stormgate::Tenant::new(tenant));
-        control.breakers().observe(&Observation {
+        control.stages().breakers.observe(&Observation {
             call: &failed,
             outcome: Outcome::Error,
             service_time: Duration::from_millis(1),

@@ -78,10 +78,7 @@ fn assert_whole(control: &Control, a: &Config, b: &Config) {
     assert_eq!(*control.sessions().config(), running.sessions);
     assert_eq!(*control.breakers().config(), running.breaker);
     assert_eq!(*control.idempotency().config(), running.idempotency);
-    assert_eq!(
-        control.fifo().limiter().limits("db"),
-        running.fifo.keys["db"]
-    );
+    assert_eq!(control.limiter().limits("db"), running.fifo.keys["db"]);
 }
 
 #[test]

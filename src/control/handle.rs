@@ -8,13 +8,13 @@ use axum::Router;
 
 use super::config::{Prepared, read};
 use super::document::{merge_patch, replacement};
-use super::{Audit, Config, Mode, Policy, Switch};
+use super::{Audit, Config, Mode, Policy, Switch, View};
 use crate::breaker::CircuitBreakers;
 use crate::budget::Budget;
 use crate::classify::ClassifyLayer;
 use crate::entropy::SessionGuard;
 use crate::error::{ConfigError, ControlError};
-use crate::fifo::FifoLimitLayer;
+use crate::fifo::{FifoLimitLayer, ResourceLimiter};
 use crate::idempotency::IdempotencyLayer;
 use crate::metrics::{self, CallMetrics, Labels};
 use crate::outcome::{Observer, OutcomeLayer};
@@ -185,34 +185,56 @@ impl Control {
             .clone()
     }
 
-    /// The budget.
-    pub fn budget(&self) -> &Budget {
-        &self.inner.budget
+    /// The budget, read-only.
+    pub fn budget(&self) -> View<'_, Budget> {
+        View(&self.inner.budget)
     }
 
-    /// The session guard.
-    pub fn sessions(&self) -> &SessionGuard {
-        &self.inner.sessions
+    /// The session guard, read-only.
+    pub fn sessions(&self) -> View<'_, SessionGuard> {
+        View(&self.inner.sessions)
     }
 
-    /// The circuit breakers.
-    pub fn breakers(&self) -> &CircuitBreakers {
-        &self.inner.breakers
+    /// The circuit breakers, read-only.
+    pub fn breakers(&self) -> View<'_, CircuitBreakers> {
+        View(&self.inner.breakers)
     }
 
-    /// The FIFO layer (and through it, the limiter).
-    pub fn fifo(&self) -> &FifoLimitLayer {
-        &self.inner.fifo
+    /// The FIFO limiter, read-only.
+    pub fn limiter(&self) -> View<'_, ResourceLimiter> {
+        View(self.inner.fifo.limiter())
     }
 
-    /// The classify layer (and through it, the tool schemas it learned).
-    pub fn classify(&self) -> &ClassifyLayer {
-        &self.inner.classify
+    /// Tells the FIFO limiter that the resource behind `key` answered 429 (see
+    /// [`ResourceLimiter::report_upstream_rate_limit`]).
+    pub fn report_upstream_rate_limit(&self, key: &str, retry_after: Option<std::time::Duration>) {
+        self.inner
+            .fifo
+            .limiter()
+            .report_upstream_rate_limit(key, retry_after);
     }
 
-    /// The idempotency layer.
-    pub fn idempotency(&self) -> &IdempotencyLayer {
-        &self.inner.idempotency
+    /// The classifier, read-only (and through it, the tool schemas it learned).
+    pub fn classify(&self) -> View<'_, ClassifyLayer> {
+        View(&self.inner.classify)
+    }
+
+    /// The idempotency layer, read-only.
+    pub fn idempotency(&self) -> View<'_, IdempotencyLayer> {
+        View(&self.inner.idempotency)
+    }
+
+    /// The stages themselves, writable (feature `test-util`): for the crate's own tests, which
+    /// tick, sweep and feed outcomes by hand. A service never needs them.
+    #[cfg(feature = "test-util")]
+    pub fn stages(&self) -> Stages<'_> {
+        let inner = &*self.inner;
+        Stages {
+            budget: &inner.budget,
+            sessions: &inner.sessions,
+            breakers: &inner.breakers,
+            limiter: inner.fifo.limiter(),
+        }
     }
 
     /// The invocation audit.
@@ -389,6 +411,21 @@ impl Control {
             }
         }))
     }
+}
+
+/// The stages of a [`Control`], writable (feature `test-util`; see [`Control::stages`]).
+#[cfg(feature = "test-util")]
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Stages<'a> {
+    /// The budget.
+    pub budget: &'a Budget,
+    /// The session guard.
+    pub sessions: &'a SessionGuard,
+    /// The circuit breakers.
+    pub breakers: &'a CircuitBreakers,
+    /// The FIFO limiter.
+    pub limiter: &'a ResourceLimiter,
 }
 
 /// Where a configuration change came from, as logged.

@@ -640,9 +640,17 @@ impl SessionGuard {
         }
     }
 
-    /// Forgets sessions unseen for `idle_ttl` and refreshes the top-N view. The sweeper calls
-    /// it; tests may call it directly. Returns the sessions forgotten.
+    /// Forgets sessions unseen for `idle_ttl` and refreshes the top-N view, as the sweeper
+    /// does every window (feature `test-util`: for tests that sweep by hand). Returns the
+    /// sessions forgotten.
+    #[cfg(feature = "test-util")]
     pub fn sweep(&self) -> usize {
+        self.sweep_idle()
+    }
+
+    /// Forgets sessions unseen for `idle_ttl` and refreshes the top-N view; the sweeper calls
+    /// it every window. Returns the sessions forgotten.
+    pub(crate) fn sweep_idle(&self) -> usize {
         let now = self.now();
         let config = self.inner.config.load();
         let ttl = u64::try_from(config.idle_ttl.as_nanos()).unwrap_or(u64::MAX);
@@ -706,7 +714,7 @@ impl SessionGuard {
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
-                SessionGuard { inner }.sweep();
+                SessionGuard { inner }.sweep_idle();
             }
         })
     }

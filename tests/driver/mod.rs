@@ -129,10 +129,7 @@ pub async fn drive(router: &Router, control: &Control) -> Vec<String> {
         seen.extend(reason(&h.await.unwrap()));
     }
     // An upstream cooldown longer than the key's patience.
-    control
-        .fifo()
-        .limiter()
-        .report_upstream_rate_limit("vector_search", Some(Duration::from_millis(200)));
+    control.report_upstream_rate_limit("vector_search", Some(Duration::from_millis(200)));
     seen.extend(reason(
         &call(router, "fifo", &s, "vector_search", json!({"query": "q"})).await,
     ));
@@ -217,7 +214,7 @@ pub async fn drive(router: &Router, control: &Control) -> Vec<String> {
             .with_tool("create_order")
             .with_tenant(stormgate::Tenant::new(tenant));
         stormgate::outcome::Observer::observe(
-            control.breakers(),
+            control.stages().breakers,
             &stormgate::outcome::Observation {
                 call: &failed,
                 outcome: stormgate::outcome::Outcome::Error,
@@ -236,8 +233,8 @@ pub async fn drive(router: &Router, control: &Control) -> Vec<String> {
     }
     // A reload, the tick and the sweep that publish the gauges.
     control.reload(control.config().as_ref().clone()).unwrap();
-    control.budget().tick();
-    control.sessions().sweep();
+    control.stages().budget.tick();
+    control.stages().sessions.sweep();
     seen.sort();
     seen.dedup();
     seen
