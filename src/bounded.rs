@@ -32,7 +32,7 @@ impl<V> std::fmt::Debug for Bounded<V> {
     }
 }
 
-impl<V: Clone> Bounded<V> {
+impl<V> Bounded<V> {
     /// An empty store with a fresh random key.
     pub(crate) fn new() -> Self {
         Bounded {
@@ -47,19 +47,20 @@ impl<V: Clone> Bounded<V> {
     }
 
     /// The entry at `key`, if stored.
-    pub(crate) fn get(&self, key: u64) -> Option<V> {
+    pub(crate) fn get(&self, key: u64) -> Option<V>
+    where
+        V: Clone,
+    {
         self.map.get(&key).map(|v| v.clone())
     }
 
     /// The entry at `key`, made by `make` and stored if absent and fewer than `cap` entries
     /// are stored; `None` when absent and full. (Racing inserts may pass `cap` by at most the
     /// number of threads inserting at that moment.)
-    pub(crate) fn get_or_insert(
-        &self,
-        key: u64,
-        cap: usize,
-        make: impl FnOnce() -> V,
-    ) -> Option<V> {
+    pub(crate) fn get_or_insert(&self, key: u64, cap: usize, make: impl FnOnce() -> V) -> Option<V>
+    where
+        V: Clone,
+    {
         if let Some(v) = self.get(key) {
             return Some(v);
         }
@@ -89,6 +90,40 @@ impl<V: Clone> Bounded<V> {
     /// Whether nothing is stored.
     pub(crate) fn is_empty(&self) -> bool {
         self.map.is_empty()
+    }
+}
+
+impl<V> Bounded<V> {
+    /// Runs `f` on the entry at `key`, made by `make` and stored first if absent and fewer than
+    /// `cap` entries are stored; `None` (and `f` not run) when absent and full. The entry is
+    /// locked while `f` runs.
+    pub(crate) fn with_entry<R>(
+        &self,
+        key: u64,
+        cap: usize,
+        make: impl FnOnce() -> V,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Option<R> {
+        if !self.map.contains_key(&key) && self.map.len() >= cap {
+            return None;
+        }
+        Some(f(&mut self.map.entry(key).or_insert_with(make)))
+    }
+
+    /// Stores `value` at `key` in place of what is there, whatever the cap: for an entry the
+    /// caller made under the cap, now settled.
+    pub(crate) fn replace(&self, key: u64, value: V) {
+        self.map.insert(key, value);
+    }
+
+    /// Forgets the entry at `key`.
+    pub(crate) fn remove(&self, key: u64) {
+        self.map.remove(&key);
+    }
+
+    /// Whether an entry is stored at `key`.
+    pub(crate) fn contains(&self, key: u64) -> bool {
+        self.map.contains_key(&key)
     }
 }
 

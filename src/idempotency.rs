@@ -32,7 +32,6 @@ use crate::snapshot::{Live, Part};
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
-use dashmap::DashMap;
 use http::{Request, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -43,7 +42,8 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 use crate::fifo::future::ResponseFuture;
 
 use crate::answer::{AnswerBody, Framing, Listener, Message, Scan};
-use crate::call::{Call, Calls, Meta, Tenant};
+use crate::bounded::Bounded;
+use crate::call::{Call, Calls, Meta};
 use crate::mcp::reply;
 use crate::mcp::verdict::RefusedCalls;
 use crate::policy::{Mode, Switch};
@@ -168,11 +168,8 @@ impl Entry {
     }
 }
 
-/// (tenant, session or "" for tenant scope, tool, key); client-chosen parts bounded in length.
-type Key = (Tenant, Arc<str>, Arc<str>, String);
-
-/// Longest idempotency key kept as it is; a longer one is kept as a hash of it.
-const MAX_KEY_LEN: usize = 128;
+/// An entry's place: the keyed hash of (tenant, session or "" for tenant scope, tool, key).
+type Key = u64;
 
 fn hash_of(bytes: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
@@ -183,7 +180,7 @@ fn hash_of(bytes: &[u8]) -> u64 {
 
 struct Shared {
     config: Live<IdempotencyConfig>,
-    entries: DashMap<Key, Entry>,
+    entries: Bounded<Entry>,
     switch: Switch,
 }
 
@@ -216,7 +213,7 @@ impl IdempotencyLayer {
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared {
                 config: Live::new(config),
-                entries: DashMap::new(),
+                entries: Bounded::new(),
                 switch,
             }),
         })
@@ -381,25 +378,20 @@ where
             };
         };
         let shared = self.shared.clone();
-        let key = if key.len() > MAX_KEY_LEN {
-            format!("~{:016x}", hash_of(key.as_bytes()))
-        } else {
-            key
+        let session = match config.scope {
+            KeyScope::Session => call.session.as_str(),
+            KeyScope::Tenant => "",
         };
-        let session: Arc<str> = match config.scope {
-            KeyScope::Session => Arc::from(call.session.as_str()),
-            KeyScope::Tenant => Arc::from(""),
-        };
-        let key: Key = (
-            call.tenant.clone(),
+        let key: Key = shared.entries.key(&(
+            call.tenant.as_str(),
             session,
-            call.tool.clone().unwrap_or_else(|| Arc::from("")),
-            key,
-        );
+            call.tool.as_deref().unwrap_or(""),
+            key.as_str(),
+        ));
         let arguments = hash_of(call.arguments().unwrap_or("").trim().as_bytes());
         ResponseFuture::limited(Box::pin(async move {
             loop {
-                match lead_or_follow(&shared, &key, arguments, &config) {
+                match lead_or_follow(&shared, key, arguments, &config) {
                     Role::Replay(answer) => return Ok(replay(&call, &answer)),
                     Role::Mismatch => return Ok(reused_key(&call)),
                     Role::Follow(mut rx) => {
@@ -455,36 +447,34 @@ enum Role {
     Unprotected,
 }
 
-fn lead_or_follow(shared: &Shared, key: &Key, arguments: u64, config: &IdempotencyConfig) -> Role {
+fn lead_or_follow(shared: &Shared, key: Key, arguments: u64, config: &IdempotencyConfig) -> Role {
     let now = Instant::now();
-    if shared.entries.len() >= config.max_entries && !shared.entries.contains_key(key) {
-        shared
-            .entries
-            .retain(|_, e| !matches!(e, Entry::Done(_, until, _) if *until <= now));
-        if shared.entries.len() >= config.max_entries {
-            return Role::Unprotected;
-        }
+    let entries = &shared.entries;
+    if entries.len() >= config.max_entries && !entries.contains(key) {
+        entries.retain(|e| !matches!(e, Entry::Done(_, until, _) if *until <= now));
     }
-    let mut entry = shared.entries.entry(key.clone()).or_insert_with(|| {
-        let (_, rx) = watch::channel(None);
-        Entry::Running(rx, arguments)
-    });
-    let live = match &*entry {
-        Entry::Done(_, until, _) => *until > now,
-        Entry::Running(rx, _) => rx.has_changed().is_ok() && rx.borrow().is_none(),
-    };
-    match &*entry {
-        _ if live && entry.arguments() != arguments => Role::Mismatch,
-        Entry::Done(answer, _, _) if live => Role::Replay(answer.clone()),
-        // A first call is running (its sender alive, nothing settled yet): wait for it.
-        Entry::Running(rx, _) if live => Role::Follow(rx.clone()),
-        _ => {
-            // Fresh, expired, or left by a first call that will not answer: this call leads.
-            let (tx, rx) = watch::channel(None);
-            *entry = Entry::Running(rx, arguments);
-            Role::Lead(tx)
-        }
-    }
+    let fresh = || Entry::Running(watch::channel(None).1, arguments);
+    entries
+        .with_entry(key, config.max_entries, fresh, |entry| {
+            let live = match &*entry {
+                Entry::Done(_, until, _) => *until > now,
+                Entry::Running(rx, _) => rx.has_changed().is_ok() && rx.borrow().is_none(),
+            };
+            match &*entry {
+                _ if live && entry.arguments() != arguments => Role::Mismatch,
+                Entry::Done(answer, _, _) if live => Role::Replay(answer.clone()),
+                // A first call is running (its sender alive, nothing settled yet): wait for it.
+                Entry::Running(rx, _) if live => Role::Follow(rx.clone()),
+                _ => {
+                    // Fresh, expired, or left by a first call that will not answer: this call
+                    // leads.
+                    let (tx, rx) = watch::channel(None);
+                    *entry = Entry::Running(rx, arguments);
+                    Role::Lead(tx)
+                }
+            }
+        })
+        .unwrap_or(Role::Unprotected)
 }
 
 /// Settles a key once: keeps the answer (or frees the key for a retry) and wakes duplicates.
@@ -506,13 +496,13 @@ impl Settle {
         let Some(tx) = self.tx.take() else { return };
         match &settled {
             Settled::Answered(answer) => {
-                self.shared.entries.insert(
-                    self.key.clone(),
+                self.shared.entries.replace(
+                    self.key,
                     Entry::Done(answer.clone(), Instant::now() + self.ttl, self.arguments),
                 );
             }
             Settled::Retry => {
-                self.shared.entries.remove(&self.key);
+                self.shared.entries.remove(self.key);
             }
         }
         let _ = tx.send(Some(settled));
