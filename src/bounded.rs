@@ -68,6 +68,13 @@ impl<V: Clone> Bounded<V> {
         self.map.retain(|_, v| keep(v));
     }
 
+    /// Calls `f` on every entry.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&V)) {
+        for entry in self.map.iter() {
+            f(entry.value());
+        }
+    }
+
     /// Entries stored.
     pub(crate) fn len(&self) -> usize {
         self.map.len()
