@@ -71,6 +71,7 @@
 //! does the same.
 
 mod config;
+mod gate;
 pub mod lease;
 #[cfg(feature = "redis")]
 mod shared;
@@ -78,7 +79,6 @@ mod shared;
 mod store;
 
 pub use config::{DistributedConfig, FailureMode};
-#[cfg(feature = "redis")]
-pub(crate) use shared::{Gate, Refused, ScopeLease, Spent};
+pub(crate) use gate::{LeaseGate, Leased, TenantLease};
 #[cfg(feature = "redis")]
 pub use shared::{SharedBudget, SharedMode, SharedStats};
