@@ -239,3 +239,60 @@ impl Drop for Taking<'_> {
         self.give_back();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::interval_for_rate;
+
+    /// A full bucket of 1 unit/s holding `burst`.
+    fn bucket(burst: u64) -> Gcra {
+        Gcra::new(interval_for_rate(1.0), burst)
+    }
+
+    #[test]
+    fn a_refusal_gives_back_what_was_taken_and_so_does_a_drop() {
+        let (fixed, global, leases) = (bucket(10), bucket(3), LeaseGate::default());
+        let ledger = Ledger {
+            fixed: &fixed,
+            global: &global,
+            leases: &leases,
+        };
+        let levels = || (fixed.available(0), global.available(0));
+        let full = levels();
+
+        // The second scope refuses: the first gets its units back at once.
+        let mut taking = Taking::new(ledger, 0, 5);
+        assert_eq!(taking.take(Bucket::FixedGlobal, false, GLOBAL), Ok(()));
+        let refused = taking.take(Bucket::Global, false, TENANT).unwrap_err();
+        assert_eq!((refused.reason, refused.scope), TENANT);
+        assert!(refused.wait > 0);
+        assert_eq!(levels(), full);
+        drop(taking);
+        assert_eq!(levels(), full);
+
+        // Dropped uncommitted: given back.
+        let mut taking = Taking::new(ledger, 0, 2);
+        taking.take(Bucket::FixedGlobal, false, GLOBAL).unwrap();
+        taking.take(Bucket::Global, false, GLOBAL).unwrap();
+        assert_ne!(levels(), full);
+        drop(taking);
+        assert_eq!(levels(), full);
+
+        // Committed: kept until given back; a forced take too; a tenant's bucket without a
+        // tenant is nothing.
+        let mut taking = Taking::new(ledger, 0, 2);
+        taking.take(Bucket::Global, false, GLOBAL).unwrap();
+        taking.force(Bucket::FixedGlobal);
+        taking.take(Bucket::Share, false, TENANT).unwrap();
+        taking.leases(false, true).unwrap();
+        let mut charged = taking.commit();
+        assert_eq!(levels(), (full.0 - 2, full.1 - 2));
+        assert_eq!(charged.cost(), 2);
+        assert!(charged.tenant().is_none());
+        charged.give_back(ledger, 0);
+        assert_eq!(levels(), full);
+        charged.give_back(ledger, 0); // once only
+        assert_eq!(levels(), full);
+    }
+}
