@@ -69,6 +69,10 @@
 //!
 //! With [`Control`](crate::control::Control), a `[distributed]` section in the configuration
 //! does the same.
+//!
+//! The budget reaches its leases through one gate (`gate.rs`), built with and without the
+//! feature: without it, or for a budget that is not shared, the gate lets every call through
+//! and spends nothing, so the budget has no code of its own for either case.
 
 mod config;
 mod gate;
