@@ -69,8 +69,13 @@
 //!
 //! With [`Control`](crate::control::Control), a `[distributed]` section in the configuration
 //! does the same.
+//!
+//! The budget reaches its leases through one gate (`gate.rs`), built with and without the
+//! feature: without it, or for a budget that is not shared, the gate lets every call through
+//! and spends nothing, so the budget has no code of its own for either case.
 
 mod config;
+mod gate;
 pub mod lease;
 #[cfg(feature = "redis")]
 mod shared;
@@ -78,7 +83,6 @@ mod shared;
 mod store;
 
 pub use config::{DistributedConfig, FailureMode};
-#[cfg(feature = "redis")]
-pub(crate) use shared::{Gate, Refused, ScopeLease, Spent};
+pub(crate) use gate::{LeaseGate, Leased, TenantLease};
 #[cfg(feature = "redis")]
 pub use shared::{SharedBudget, SharedMode, SharedStats};

@@ -1,0 +1,255 @@
+//! The tenants' shares of the global budget, their fair parts and guaranteed minimums (seed
+//! 003 sections 4.1, 4.2); the split itself is [`allocate`] (in `tenant.rs`).
+//!
+//! Each active tenant's share is its weighted max-min fair part of the budget (a tenant that
+//! asks for less than its share keeps what it asks for, the rest is lent to the others, so one
+//! tenant alone can use it all), and `min_budget` per second is guaranteed to every tenant even
+//! when the global budget is spent. Tenants live in the one [`Bounded`] store: at most
+//! `max_tenants` of them, the others sharing [`OVERFLOW_TENANT`]'s entry; a tenant idle for
+//! `idle_ticks` and not in use is forgotten at the next [`tick`](Tenants::tick), which
+//! re-splits the budget among those active.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::fair;
+use super::fixed;
+use super::gcra::{Gcra, interval_for_rate};
+use super::tenant::allocate;
+use super::{OVERFLOW_TENANT, Settings};
+use crate::bounded::Bounded;
+use crate::call::Tenant;
+use crate::distributed::{LeaseGate, TenantLease};
+use crate::metrics;
+use crate::stats::Ewma;
+
+/// One tenant's buckets and demand.
+pub(super) struct TenantState {
+    /// Its name (as [`Tenant`] holds it: the one string, shared), for its weight, its metric
+    /// labels and its lease.
+    name: Tenant,
+    /// Cost admitted this tick.
+    pub(super) admitted: AtomicU64,
+    /// Its share of the global budget.
+    pub(super) share: Gcra,
+    /// Its guaranteed minimum.
+    pub(super) guaranteed: Gcra,
+    /// Its bucket in fixed mode.
+    pub(super) fixed: Gcra,
+    /// Cost asked this tick, admitted or not.
+    pub(super) demand: AtomicU64,
+    tick: Mutex<TenantTick>,
+    /// Its key among the clients' groups.
+    pub(super) group: u64,
+    /// Its share's fair parts among its sessions.
+    pub(super) fair: fair::Part,
+    /// Whether its demand is light (at most `fair::LIGHT` of its weighted part of the global
+    /// budget), set every tick.
+    under_share: AtomicBool,
+    /// Its lease of its cluster-wide share (none unless the budget is shared).
+    pub(super) lease: TenantLease,
+}
+
+impl std::fmt::Debug for TenantState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantState")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+struct TenantTick {
+    demand: Ewma,
+    idle: u32,
+    allocation: f64,
+}
+
+/// Every tenant's share, bounded.
+pub(super) struct Tenants {
+    map: Bounded<Arc<TenantState>>,
+    /// Rate a tenant not seen before starts with, until the next tick sizes its share.
+    newcomer_rate: AtomicU64,
+    /// Tenants active at the last tick.
+    active: AtomicUsize,
+    /// The per-tenant gauges' bounded label values.
+    labels: Arc<metrics::Labels>,
+}
+
+/// What a newcomer's buckets are made from.
+pub(super) struct Newcomer<'a> {
+    /// The settings in force.
+    pub(super) settings: &'a Settings,
+    /// The fixed-mode tenant limit, if set.
+    pub(super) fixed_rate: Option<f64>,
+    /// Now, ns from the budget's epoch.
+    pub(super) now: u64,
+    /// The clients' demands, for its group key.
+    pub(super) clients: &'a fair::Clients,
+    /// The cluster's leases, for its lease.
+    pub(super) leases: &'a LeaseGate,
+}
+
+impl Tenants {
+    /// None yet; a newcomer starts at `rate` until the first tick.
+    pub(super) fn new(rate: f64, labels: Arc<metrics::Labels>) -> Self {
+        Tenants {
+            map: Bounded::new(),
+            newcomer_rate: AtomicU64::new(rate.to_bits()),
+            active: AtomicUsize::new(0),
+            labels,
+        }
+    }
+
+    /// Tenants tracked now.
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Tenants active at the last tick.
+    pub(super) fn active(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// A tenant's current share of the budget, cost units per second.
+    pub(super) fn allocation(&self, tenant: &Tenant) -> Option<f64> {
+        self.find(tenant).map(|t| {
+            t.tick
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .allocation
+        })
+    }
+
+    /// Calls `f` on every tenant.
+    pub(super) fn for_each(&self, mut f: impl FnMut(&TenantState)) {
+        self.map.for_each(|t| f(t));
+    }
+
+    /// The tenant's state, if tracked.
+    pub(super) fn find(&self, tenant: &Tenant) -> Option<Arc<TenantState>> {
+        self.map.get(self.map.key(tenant.as_str()))
+    }
+
+    /// The tenant's state, made from `new` if it is not tracked yet; past `max_tenants`, the
+    /// [`OVERFLOW_TENANT`]'s.
+    pub(super) fn insert(&self, tenant: &Tenant, new: Newcomer<'_>) -> Arc<TenantState> {
+        let key = self.map.key(tenant.as_str());
+        let cap = new.settings.tenants.max_tenants;
+        self.map
+            .get_or_insert(key, cap, || self.newcomer(tenant.clone(), &new))
+            .unwrap_or_else(|| {
+                let overflow = Tenant::new(OVERFLOW_TENANT);
+                let key = self.map.key(overflow.as_str());
+                self.map
+                    .get_or_insert(key, usize::MAX, || self.newcomer(overflow, &new))
+                    .unwrap_or_else(|| unreachable!("an uncapped insert always stores"))
+            })
+    }
+
+    fn newcomer(&self, name: Tenant, new: &Newcomer<'_>) -> Arc<TenantState> {
+        let st = new.settings;
+        let rate = f64::from_bits(self.newcomer_rate.load(Ordering::Relaxed));
+        // The guaranteed minimum is part of the budget: never more than a newcomer's share
+        // of it, and it starts empty (a new tenant has no savings to spend).
+        let min = st.min_budget.min(rate);
+        let w = st.max_weight;
+        // A tenant's bucket holds the configured burst, as the global one does.
+        let burst = st.config.burst(w) as u64;
+        Arc::new(TenantState {
+            lease: new.leases.tenant(name.as_str(), rate.max(min)),
+            group: new.clients.group(name.as_str()),
+            name,
+            admitted: AtomicU64::new(0),
+            share: Gcra::new(interval_for_rate(rate.max(min)), burst),
+            guaranteed: Gcra::empty(
+                new.now,
+                interval_for_rate(min),
+                (min as u64).max(u64::from(w)),
+            ),
+            fixed: fixed::bucket(new.fixed_rate.unwrap_or(rate), w),
+            demand: AtomicU64::new(0),
+            fair: fair::Part::default(),
+            // Earned at its first tick, if under its part: a newcomer has no savings.
+            under_share: AtomicBool::new(false),
+            tick: Mutex::new(TenantTick {
+                demand: Ewma::new(st.config.alpha),
+                idle: 0,
+                allocation: rate,
+            }),
+        })
+    }
+
+    /// Whether `tenant` may spend the global bucket's reserve: light among several active
+    /// tenants; with one active, the global bucket is contended by its sessions alone, so as
+    /// its session is (`session_under`).
+    pub(super) fn under(&self, tenant: &TenantState, session_under: bool) -> bool {
+        if self.active() > 1 {
+            tenant.under_share.load(Ordering::Relaxed)
+        } else {
+            session_under
+        }
+    }
+
+    /// Ends the tick: forgets idle tenants, re-splits `budget` among the active ones (their
+    /// sessions' demands in `clients`), sets their fair parts, guaranteed minimums, lease
+    /// proposals and gauges.
+    pub(super) fn tick(
+        &self,
+        now: u64,
+        budget: f64,
+        st: &Settings,
+        clients: &mut HashMap<u64, Vec<f64>>,
+    ) {
+        let secs = st.config.sample_interval.as_secs_f64();
+        let idle_ticks = st.tenants.idle_ticks;
+        let mut active = Vec::with_capacity(self.map.len());
+        self.map.retain(|t| {
+            let demand = t.demand.swap(0, Ordering::Relaxed) as f64 / secs;
+            let mut tick = t.tick.lock().unwrap_or_else(PoisonError::into_inner);
+            tick.demand.update(demand);
+            tick.idle = if demand > 0.0 { 0 } else { tick.idle + 1 };
+            if tick.idle > idle_ticks && Arc::strong_count(t) == 1 {
+                return false; // idle and not in use: forget it
+            }
+            if tick.idle <= idle_ticks {
+                let weight = st.tenants.weight(t.name.as_str());
+                active.push((t.clone(), weight, tick.demand.value().unwrap_or(0.0)));
+            }
+            true
+        });
+        let wants: Vec<(f64, f64)> = active.iter().map(|(_, w, d)| (*w, *d)).collect();
+        let shares = allocate(budget, &wants);
+        let total_weight: f64 = wants.iter().map(|(w, _)| w).sum();
+        self.active.store(active.len(), Ordering::Relaxed);
+        // The guaranteed minimums together never pass the budget.
+        let min = st.min_budget.min(budget / active.len().max(1) as f64);
+        for ((t, weight, _), share) in active.iter().zip(shares) {
+            let rate = share.max(min);
+            t.guaranteed.set_interval(now, interval_for_rate(min));
+            let label = self.labels.tenant(t.name.as_str());
+            let consumed = t.admitted.swap(0, Ordering::Relaxed) as f64 / secs;
+            ::metrics::gauge!(metrics::TENANT_CONSUMPTION, "tenant" => label.clone()).set(consumed);
+            ::metrics::gauge!(metrics::TENANT_ALLOCATION, "tenant" => label).set(rate);
+            t.share.set_interval(now, interval_for_rate(rate));
+            t.share.set_burst(st.config.burst(st.max_weight) as u64);
+            // Fair shares: its sessions' of its rate, and its own of the global budget.
+            let sessions = clients
+                .get_mut(&t.group)
+                .map_or(&mut [][..], |d| &mut d[..]);
+            t.fair.set(rate, sessions);
+            let weighted = budget * weight / total_weight.max(f64::MIN_POSITIVE);
+            t.lease.propose(rate);
+            let mut tick = t.tick.lock().unwrap_or_else(PoisonError::into_inner);
+            tick.allocation = rate;
+            let demand = tick.demand.value().unwrap_or(0.0);
+            t.under_share.store(
+                active.len() > 1 && demand <= fair::LIGHT * weighted,
+                Ordering::Relaxed,
+            );
+        }
+        let newcomer = budget / (active.len() + 1) as f64;
+        self.newcomer_rate
+            .store(newcomer.to_bits(), Ordering::Relaxed);
+    }
+}
