@@ -75,6 +75,8 @@ mod schemas;
 mod snapshot;
 mod sse;
 pub mod stats;
+#[cfg(feature = "test-util")]
+mod test_util;
 
 pub use bounded::OVERFLOW;
 pub use call::{Call, CallKind, Calls, RequestId, SessionId, Tenant};

@@ -685,3 +685,26 @@ async fn calls_on_ids_the_server_has_not_accepted_are_one_vote_on_a_tools_latenc
         Some(200.0)
     );
 }
+
+/// A budget built on its own follows a switch flipped by hand at its next call: fixed mode's
+/// limits apply at once, with no control handle to tell it.
+#[tokio::test(start_paused = true)]
+async fn a_switch_flipped_by_hand_applies_at_the_next_call() {
+    use stormgate::control::{FixedLimits, Mode, Policy, Switch};
+    let switch = Switch::default();
+    let budget = Budget::builder(BudgetConfig::default())
+        .switch(switch.clone())
+        .build();
+    let call = Call::request("tools/call").with_tool("x");
+    assert!(budget.admit(&call).is_ok());
+    switch.set(Policy {
+        mode: Mode::Fixed,
+        fixed: FixedLimits {
+            global_rate: Some(1.0),
+            ..FixedLimits::default()
+        },
+        ..Policy::default()
+    });
+    let admitted = (0..5).filter(|_| budget.admit(&call).is_ok()).count();
+    assert_eq!(admitted, 1, "a bucket of one call at 1 per second");
+}

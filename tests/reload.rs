@@ -315,6 +315,26 @@ async fn a_watched_file_that_is_emptied_or_cut_short_is_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Sends `call` with its head now and its body once `between` has run.
+async fn split_by(app: &axum::Router, call: &'static str, between: impl FnOnce()) -> Value {
+    let (tx, rx) = tokio::sync::oneshot::channel::<Result<bytes::Bytes, std::io::Error>>();
+    let body = Body::from_stream(futures::stream::once(async move { rx.await.unwrap() }));
+    let started = tokio::spawn(app.clone().oneshot(common::post().body(body).unwrap()));
+    tokio::task::yield_now().await;
+    between();
+    tx.send(Ok(bytes::Bytes::from_static(call.as_bytes())))
+        .unwrap();
+    common::body_json(started.await.unwrap().unwrap()).await
+}
+
+fn answering(control: &Control) -> axum::Router {
+    let answer =
+        || async { axum::Json(serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {}})) };
+    control.wrap(axum::Router::new().route("/mcp", axum::routing::post(answer)))
+}
+
+const PLACE_ORDER: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"place_order","arguments":{}}}"#;
+
 /// A request whose head arrived before a reload and whose body arrived after it runs under the
 /// settings of its head, in every stage: the classifier takes one snapshot of them all.
 #[tokio::test]
@@ -325,28 +345,47 @@ async fn a_request_runs_under_the_settings_it_started_with() {
     a.idempotency.missing = Missing::Reject;
     let b = Config::default(); // nothing listed: every call passes
     let control = Control::new(a).unwrap();
-    let answer =
-        || async { axum::Json(serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {}})) };
-    let app = control.wrap(axum::Router::new().route("/mcp", axum::routing::post(answer)));
-    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"place_order","arguments":{}}}"#;
-
-    // The head now, the body once the reload has committed.
-    let (tx, rx) = tokio::sync::oneshot::channel::<Result<bytes::Bytes, std::io::Error>>();
-    let body = Body::from_stream(futures::stream::once(async move { rx.await.unwrap() }));
-    let started = tokio::spawn(app.clone().oneshot(common::post().body(body).unwrap()));
-    tokio::task::yield_now().await;
-    control.reload(b).unwrap();
-    tx.send(Ok(bytes::Bytes::from_static(call.as_bytes())))
-        .unwrap();
-    let old = common::body_json(started.await.unwrap().unwrap()).await;
+    let app = answering(&control);
+    let old = split_by(&app, PLACE_ORDER, || control.reload(b).unwrap()).await;
     assert_eq!(
         old["error"]["code"], -32602,
         "under the first settings: {old}"
     );
 
     // A request started after the reload runs under the new ones.
-    let new = app.oneshot(common::post_body(call)).await.unwrap();
+    let new = app.oneshot(common::post_body(PLACE_ORDER)).await.unwrap();
     assert_eq!(new.status(), StatusCode::OK);
     let new = common::body_json(new).await;
     assert!(new.get("error").is_none(), "under the new settings: {new}");
+}
+
+/// The same for the budget and the kill switch: a call whose head came under fixed mode, its
+/// one-call bucket spent, is refused by it even though `off` was set before its body came.
+#[tokio::test]
+async fn a_request_runs_under_the_mode_it_started_with() {
+    let mut fixed = Config {
+        mode: Mode::Fixed,
+        ..Config::default()
+    };
+    fixed.fixed.global_rate = Some(0.001);
+    let control = Control::new(fixed).unwrap();
+    let app = answering(&control);
+    let first = common::body_json(
+        app.clone()
+            .oneshot(common::post_body(PLACE_ORDER))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(
+        first.get("error").is_none(),
+        "the bucket's one call: {first}"
+    );
+    let old = split_by(&app, PLACE_ORDER, || control.set_mode(Mode::Off)).await;
+    assert_eq!(
+        old["error"]["data"]["reason"], "fixed_limit_exceeded",
+        "under the mode of its head: {old}"
+    );
+    let new = common::body_json(app.oneshot(common::post_body(PLACE_ORDER)).await.unwrap()).await;
+    assert!(new.get("error").is_none(), "off: {new}");
 }

@@ -52,7 +52,6 @@ mod trend;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 pub use crate::stats::Ewma;
@@ -70,13 +69,12 @@ use crate::metrics;
 use crate::outcome::{Observation, Observer};
 use crate::policy::{Mode, Policy, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
+use crate::snapshot::{Live, Part};
+use arc_swap::ArcSwap;
 use charge::{Bucket, Charged, GLOBAL, Ledger, Refusal, TENANT, Taking};
 use fixed::Fixed;
 use global::Global;
 use tenants::{Newcomer, TenantState, Tenants};
-
-/// The tenant that tenants past `max_tenants` share.
-pub const OVERFLOW_TENANT: &str = "~overflow";
 
 /// The shared budget state. A cheap handle: clones share everything.
 #[derive(Clone)]
@@ -87,8 +85,10 @@ pub struct Budget {
 struct Inner {
     epoch: Instant,
     switch: Switch,
+    /// The policy last applied to the buckets (see [`Budget::apply_policy`]).
+    applied: ArcSwap<Policy>,
     /// The settings, swapped whole by a reload.
-    settings: ArcSwap<Settings>,
+    settings: Live<Settings>,
     global: Global,
     tenants: Tenants,
     fixed: Fixed,
@@ -200,6 +200,7 @@ impl BudgetBuilder {
         let budget = Budget {
             inner: Arc::new(Inner {
                 epoch: Instant::now(),
+                applied: ArcSwap::new(self.switch.load()),
                 switch: self.switch,
                 global: Global::new(&settings.config, burst),
                 tenants: Tenants::new(stable, self.labels),
@@ -208,7 +209,7 @@ impl BudgetBuilder {
                 costs: Arc::new(Costs::new(self.costs)),
                 client_keys: ClientKeys::default(),
                 clients: fair::Clients::new(),
-                settings: ArcSwap::from_pointee(settings),
+                settings: Live::new(settings),
             }),
         };
         if let Some(sessions) = self.sessions {
@@ -336,12 +337,19 @@ impl Budget {
         self.apply_policy();
     }
 
+    /// The budget's entry in a snapshot taken now.
+    pub(crate) fn part(&self) -> Part {
+        self.inner.settings.part()
+    }
+
     /// Applies the current policy at once: re-rates the fixed-mode buckets, and pins the global
     /// bucket at the stable budget while `adaptive_budget` is off. The control handle calls it
-    /// on every flip.
-    pub fn apply_policy(&self) {
+    /// on every flip; the first call after a flip of a switch set by hand
+    /// ([`Switch::set`]) does too.
+    pub(crate) fn apply_policy(&self) {
         let inner = &*self.inner;
         let policy = inner.switch.load();
+        inner.applied.store(policy.clone());
         let st = inner.settings.load();
         let now = self.now();
         inner
@@ -352,10 +360,10 @@ impl Budget {
 
     /// Ends the current tick: smooths it, moves the budget, re-rates the buckets, refreshes
     /// learned weights and re-splits the budget among tenants. [`spawn_ticker`] calls it every
-    /// `sample_interval`; tests may call it directly.
+    /// `sample_interval`.
     ///
     /// [`spawn_ticker`]: Budget::spawn_ticker
-    pub fn tick(&self) -> Health {
+    pub(crate) fn tick_now(&self) -> Health {
         let inner = &*self.inner;
         let now = self.now();
         let policy = inner.switch.load();
@@ -393,7 +401,7 @@ impl Budget {
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
-                Budget { inner }.tick();
+                Budget { inner }.tick_now();
             }
         })
     }
@@ -431,23 +439,19 @@ impl Budget {
         cost: u64,
         taking: &mut Taking<'_>,
         now: u64,
-        policy: &Policy,
+        (policy, settings): (&Policy, &Settings),
     ) -> Result<(), Refusal> {
         let inner = &*self.inner;
         let leasing = self
             .leases()
-            .open(|divisor| {
-                inner
-                    .global
-                    .rerate(now, policy, &inner.settings.load().config, divisor)
-            })
+            .open(|divisor| inner.global.rerate(now, policy, &settings.config, divisor))
             .map_err(|wait| Refusal {
                 reason: Reason::SharedBudgetUnavailable,
                 scope: Scope::Global,
                 wait,
             })?;
         let client = self.client(call);
-        if !(inner.settings.load().tenants.enabled && policy.features.tenant_budgets) {
+        if !(settings.tenants.enabled && policy.features.tenant_budgets) {
             let usage = inner.clients.get(client, 0, now);
             let under = usage
                 .as_ref()
@@ -503,12 +507,18 @@ impl Admission for Budget {
         }
         let now = self.now();
         let cost = u64::from(call.cost.max(1));
-        let policy = self.inner.switch.load();
+        if !Arc::ptr_eq(&self.inner.switch.load(), &self.inner.applied.load()) {
+            self.apply_policy(); // the switch was flipped by hand
+        }
+        let policy = self.inner.switch.of(call);
+        let settings = self.inner.settings.read(call.snapshot());
         let mut taking = Taking::new(self.ledger(), now, cost);
         match policy.mode {
             Mode::Off => Ok(()),
             Mode::Fixed => fixed::admit(&mut taking, &policy, || self.tenant(&call.tenant)),
-            Mode::Adaptive => self.admit_adaptive(call, cost, &mut taking, now, &policy),
+            Mode::Adaptive => {
+                self.admit_adaptive(call, cost, &mut taking, now, (&policy, &settings))
+            }
         }
         .map_err(Self::reject)?;
         let charged = taking.commit();
@@ -551,7 +561,7 @@ impl Observer for Budget {
             observation,
             inner.client_keys.identify(observation.call),
             now,
-            &inner.settings.load().config,
+            &inner.settings.read(observation.call.snapshot()).config,
         );
         self.inner.costs.observe(observation);
     }

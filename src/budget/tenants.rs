@@ -5,7 +5,7 @@
 //! asks for less than its share keeps what it asks for, the rest is lent to the others, so one
 //! tenant alone can use it all), and `min_budget` per second is guaranteed to every tenant even
 //! when the global budget is spent. Tenants live in the one [`Bounded`] store: at most
-//! `max_tenants` of them, the others sharing [`OVERFLOW_TENANT`]'s entry; a tenant idle for
+//! `max_tenants` of them, the others sharing [`OVERFLOW`]'s entry; a tenant idle for
 //! `idle_ticks` and not in use is forgotten at the next [`tick`](Tenants::tick), which
 //! re-splits the budget among those active.
 
@@ -13,12 +13,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::Settings;
 use super::fair;
 use super::fixed;
 use super::gcra::{Gcra, interval_for_rate};
 use super::tenant::allocate;
-use super::{OVERFLOW_TENANT, Settings};
 use crate::bounded::Bounded;
+use crate::bounded::OVERFLOW;
 use crate::call::Tenant;
 use crate::distributed::{LeaseGate, TenantLease};
 use crate::metrics;
@@ -132,14 +133,14 @@ impl Tenants {
     }
 
     /// The tenant's state, made from `new` if it is not tracked yet; past `max_tenants`, the
-    /// [`OVERFLOW_TENANT`]'s.
+    /// [`OVERFLOW`]'s.
     pub(super) fn insert(&self, tenant: &Tenant, new: Newcomer<'_>) -> Arc<TenantState> {
         let key = self.map.key(tenant.as_str());
         let cap = new.settings.tenants.max_tenants;
         self.map
             .get_or_insert(key, cap, || self.newcomer(tenant.clone(), &new))
             .unwrap_or_else(|| {
-                let overflow = Tenant::new(OVERFLOW_TENANT);
+                let overflow = Tenant::new(OVERFLOW);
                 let key = self.map.key(overflow.as_str());
                 self.map
                     .get_or_insert(key, usize::MAX, || self.newcomer(overflow, &new))

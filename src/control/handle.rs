@@ -224,12 +224,11 @@ impl Control {
         View(&self.inner.idempotency)
     }
 
-    /// The stages themselves, writable (feature `test-util`): for the crate's own tests, which
-    /// tick, sweep and feed outcomes by hand. A service never needs them.
+    /// The stages themselves, writable: for the crate's own tests (feature `test-util`).
     #[cfg(feature = "test-util")]
-    pub fn stages(&self) -> Stages<'_> {
+    pub(crate) fn stages_now(&self) -> crate::test_util::Stages<'_> {
         let inner = &*self.inner;
-        Stages {
+        crate::test_util::Stages {
             budget: &inner.budget,
             sessions: &inner.sessions,
             breakers: &inner.breakers,
@@ -279,6 +278,7 @@ impl Control {
         let parts = [
             inner.switch.part(),
             inner.classify.part(),
+            inner.budget.part(),
             inner.budget.costs().part(),
             inner.sessions.part(),
             inner.breakers.part(),
@@ -411,21 +411,6 @@ impl Control {
             }
         }))
     }
-}
-
-/// The stages of a [`Control`], writable (feature `test-util`; see [`Control::stages`]).
-#[cfg(feature = "test-util")]
-#[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
-pub struct Stages<'a> {
-    /// The budget.
-    pub budget: &'a Budget,
-    /// The session guard.
-    pub sessions: &'a SessionGuard,
-    /// The circuit breakers.
-    pub breakers: &'a CircuitBreakers,
-    /// The FIFO limiter.
-    pub limiter: &'a ResourceLimiter,
 }
 
 /// Where a configuration change came from, as logged.

@@ -640,14 +640,6 @@ impl SessionGuard {
         }
     }
 
-    /// Forgets sessions unseen for `idle_ttl` and refreshes the top-N view, as the sweeper
-    /// does every window (feature `test-util`: for tests that sweep by hand). Returns the
-    /// sessions forgotten.
-    #[cfg(feature = "test-util")]
-    pub fn sweep(&self) -> usize {
-        self.sweep_idle()
-    }
-
     /// Forgets sessions unseen for `idle_ttl` and refreshes the top-N view; the sweeper calls
     /// it every window. Returns the sessions forgotten.
     pub(crate) fn sweep_idle(&self) -> usize {
