@@ -3,11 +3,9 @@
 //! needs them: the ticker and the sweeper run them, and a change goes through the control's
 //! one change path.
 
-use crate::breaker::CircuitBreakers;
 use crate::budget::{Budget, Health};
-use crate::control::Control;
+use crate::control::{Control, Stages};
 use crate::entropy::SessionGuard;
-use crate::fifo::ResourceLimiter;
 
 impl Budget {
     /// Ends the current tick now, as the ticker does every `sample_interval`.
@@ -29,18 +27,4 @@ impl Control {
     pub fn stages(&self) -> Stages<'_> {
         self.stages_now()
     }
-}
-
-/// The stages of a [`Control`], writable (see [`Control::stages`]).
-#[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
-pub struct Stages<'a> {
-    /// The budget.
-    pub budget: &'a Budget,
-    /// The session guard.
-    pub sessions: &'a SessionGuard,
-    /// The circuit breakers.
-    pub breakers: &'a CircuitBreakers,
-    /// The FIFO limiter.
-    pub limiter: &'a ResourceLimiter,
 }

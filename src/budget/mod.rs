@@ -62,7 +62,7 @@ pub use tenant::{DEMAND_HEADROOM, TenantConfig, allocate};
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::{Call, Tenant};
 use crate::cost::{CostConfig, Costs};
-use crate::distributed::LeaseGate;
+use crate::distributed::{LeaseGate, SharedBudget};
 use crate::entropy::{ClientKeys, SessionGuard};
 use crate::error::ConfigError;
 use crate::metrics;
@@ -142,10 +142,19 @@ pub struct BudgetBuilder {
     labels: Arc<metrics::Labels>,
     sessions: Option<SessionGuard>,
     /// The cluster's leases (set by `shared`, feature `redis`).
-    pub(crate) leases: LeaseGate,
+    leases: LeaseGate,
 }
 
 impl BudgetBuilder {
+    /// Shares the global budget and the tenants' shares with the other nodes of a cluster
+    /// through Redis (feature `redis`; see [`distributed`](crate::distributed)): in adaptive
+    /// mode every call also spends from this node's leases, and the controller's budget is
+    /// this node's proposal for the cluster's rate. One `SharedBudget` per `Budget`.
+    pub fn shared(mut self, shared: SharedBudget) -> Self {
+        self.leases = LeaseGate::of(shared);
+        self
+    }
+
     /// The session guard whose clients the controller's health census counts: a session the
     /// MCP server accepted is one client, and the calls on every other id of a tenant are
     /// one more (its unverified pool), so ids a client makes up weigh as one client. Without
@@ -263,6 +272,11 @@ impl Budget {
     /// The gate to the cluster's leases (inert unless the budget is shared).
     pub(crate) fn leases(&self) -> &LeaseGate {
         &self.inner.leases
+    }
+
+    /// The cluster's shared budget this budget spends leases of, if any (feature `redis`).
+    pub fn shared(&self) -> Option<&SharedBudget> {
+        self.inner.leases.shared()
     }
 
     /// Tenants tracked now.

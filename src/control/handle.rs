@@ -226,9 +226,9 @@ impl Control {
 
     /// The stages themselves, writable: for the crate's own tests (feature `test-util`).
     #[cfg(feature = "test-util")]
-    pub(crate) fn stages_now(&self) -> crate::test_util::Stages<'_> {
+    pub(crate) fn stages_now(&self) -> Stages<'_> {
         let inner = &*self.inner;
-        crate::test_util::Stages {
+        Stages {
             budget: &inner.budget,
             sessions: &inner.sessions,
             breakers: &inner.breakers,
@@ -411,6 +411,21 @@ impl Control {
             }
         }))
     }
+}
+
+/// The stages of a [`Control`], writable (feature `test-util`; see `Control::stages`).
+#[cfg(feature = "test-util")]
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Stages<'a> {
+    /// The budget.
+    pub budget: &'a Budget,
+    /// The session guard.
+    pub sessions: &'a SessionGuard,
+    /// The circuit breakers.
+    pub breakers: &'a CircuitBreakers,
+    /// The FIFO limiter.
+    pub limiter: &'a ResourceLimiter,
 }
 
 /// Where a configuration change came from, as logged.

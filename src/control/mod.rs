@@ -22,10 +22,10 @@ mod watch;
 
 pub use crate::error::{ConfigError, ControlError};
 pub use crate::policy::{Features, FixedLimits, Mode, Policy, Switch};
-#[cfg(feature = "test-util")]
-pub use crate::test_util::Stages;
 pub use audit::{AUDIT_MAX_SESSIONS, AUDIT_PER_SESSION, Audit, Invocation};
 pub use config::{AdminConfig, Config, IdentityConfig, MetricsConfig};
+#[cfg(feature = "test-util")]
+pub use handle::Stages;
 pub use handle::{Control, Source};
 pub use view::View;
 pub use watch::DEBOUNCE;

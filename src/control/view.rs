@@ -49,7 +49,6 @@ impl<'a> View<'a, Budget> {
     }
 
     /// The cluster's shared budget, if any (feature `redis`).
-    #[cfg(feature = "redis")]
     pub fn shared(&self) -> Option<&'a crate::distributed::SharedBudget> {
         self.0.shared()
     }

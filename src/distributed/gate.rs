@@ -7,10 +7,9 @@
 #[cfg(feature = "redis")]
 use std::sync::Arc;
 
+use super::SharedBudget;
 #[cfg(feature = "redis")]
-use super::shared::{Gate, Refused, ScopeLease, SharedBudget, Spent};
-#[cfg(feature = "redis")]
-use crate::budget::{Budget, BudgetBuilder};
+use super::shared::{Gate, Refused, ScopeLease, Spent};
 use crate::rejection::Scope;
 
 /// A budget's gate to its cluster's leases. See the [module docs](self).
@@ -127,24 +126,22 @@ impl TenantLease {
     }
 }
 
-#[cfg(feature = "redis")]
-impl BudgetBuilder {
-    /// Shares the global budget and the tenants' shares with the other nodes of a cluster
-    /// through Redis (feature `redis`; see [`distributed`](crate::distributed)): in adaptive
-    /// mode every call also spends from this node's leases, and the controller's budget is
-    /// this node's proposal for the cluster's rate. One `SharedBudget` per `Budget`.
-    pub fn shared(mut self, shared: SharedBudget) -> Self {
-        self.leases = LeaseGate {
+impl LeaseGate {
+    /// The gate to `shared`'s leases.
+    pub(crate) fn of(shared: SharedBudget) -> Self {
+        #[cfg(feature = "redis")]
+        return LeaseGate {
             shared: Some(shared),
         };
-        self
+        #[cfg(not(feature = "redis"))]
+        match shared.never {}
     }
-}
 
-#[cfg(feature = "redis")]
-impl Budget {
-    /// The cluster's shared budget this budget spends leases of, if any (feature `redis`).
-    pub fn shared(&self) -> Option<&SharedBudget> {
-        self.leases().shared.as_ref()
+    /// The shared budget, if any.
+    pub(crate) fn shared(&self) -> Option<&SharedBudget> {
+        #[cfg(feature = "redis")]
+        return self.shared.as_ref();
+        #[cfg(not(feature = "redis"))]
+        None
     }
 }

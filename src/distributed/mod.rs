@@ -86,3 +86,12 @@ pub use config::{DistributedConfig, FailureMode};
 pub(crate) use gate::{LeaseGate, Leased, TenantLease};
 #[cfg(feature = "redis")]
 pub use shared::{SharedBudget, SharedMode, SharedStats};
+
+/// The budget shared with a cluster through Redis: with the feature `redis` only. Without it
+/// this type cannot be made, so [`BudgetBuilder::shared`](crate::budget::BudgetBuilder::shared)
+/// cannot be called and [`Budget::shared`](crate::budget::Budget::shared) is always `None`.
+#[cfg(not(feature = "redis"))]
+#[derive(Debug, Clone)]
+pub struct SharedBudget {
+    never: std::convert::Infallible,
+}
