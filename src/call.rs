@@ -51,7 +51,9 @@ impl Tenant {
 
     /// The tenant every unauthenticated call belongs to.
     pub fn anonymous() -> Self {
-        Tenant(Arc::from("anonymous"))
+        static ANONYMOUS: std::sync::LazyLock<Tenant> =
+            std::sync::LazyLock::new(|| Tenant(Arc::from("anonymous")));
+        ANONYMOUS.clone()
     }
 
     /// The tenant's name.
@@ -90,12 +92,12 @@ impl fmt::Display for SessionId {
 
 /// A JSON-RPC id exactly as the client wrote it (number, string or null), echoed verbatim.
 #[derive(Debug, Clone)]
-pub struct RequestId(Box<RawValue>);
+pub struct RequestId(Arc<RawValue>);
 
 impl RequestId {
     /// Parses an id from its JSON text.
     pub fn from_json(json: &str) -> Result<Self, serde_json::Error> {
-        RawValue::from_string(json.trim().to_owned()).map(RequestId)
+        RawValue::from_string(json.trim().to_owned()).map(|raw| RequestId(Arc::from(raw)))
     }
 
     /// The id's JSON text, as sent.
@@ -104,7 +106,7 @@ impl RequestId {
     }
 
     pub(crate) fn from_raw(raw: Box<RawValue>) -> Self {
-        RequestId(raw)
+        RequestId(Arc::from(raw))
     }
 
     pub(crate) fn raw(&self) -> &RawValue {

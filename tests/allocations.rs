@@ -1,7 +1,8 @@
 //! Heap allocations and bytes per `tools/call` through the whole stack (the example server
 //! with examples/stormgate.toml), against the bare MCP router, counted by an instrumented
-//! global allocator. The ceilings are the figures measured when this test was written plus a
-//! margin; the README's overhead section quotes them.
+//! global allocator, under tokio's paused clock so that the stack's timers do not run more
+//! often on a slower machine. The ceilings are the figures measured plus a margin; the
+//! README's overhead section quotes them.
 
 mod common;
 
@@ -42,6 +43,7 @@ async fn per_call(router: &axum::Router, n: usize) -> (f64, f64) {
 fn allocations_per_call_stay_under_their_ceiling() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .start_paused(true)
         .build()
         .unwrap();
     rt.block_on(async {
@@ -56,14 +58,16 @@ fn allocations_per_call_stay_under_their_ceiling() {
         );
         assert!(allocs < ALLOCS_CEILING, "{figures}");
         assert!(bytes < BYTES_CEILING, "{figures}");
-        assert!(allocs > bare_allocs, "is anything counted? {figures}");
+        // The bare rmcp router allocates more per call than the stack does around it (179 /
+        // 29 549 here): its figure only shows the allocator is counted.
+        assert!(bare_allocs > 100.0, "is anything counted? {figures}");
     });
 }
 
-/// Measured: 230 to 241 allocations per call in twelve runs here (the stack's timers run on
-/// the real clock), 245 once in a clean-clone CI run; 222 to 235 before the census and the
-/// fair shares (another machine); 246 on 6faae52; the bare rmcp router: 179.
-const ALLOCS_CEILING: f64 = 260.0;
-/// Measured: 23 401 to 24 928 bytes per call here, 25 550 once in CI; 22 637 to 23 829
-/// before the census and the fair shares; 26 348 on 6faae52.
-const BYTES_CEILING: f64 = 27_000.0;
+/// Measured under the paused clock (the same figure every run, whatever the machine is doing:
+/// on the real clock the stack's timers ran as often as the machine was slow, 190 to 245):
+/// 140 allocations per call, against 143 before the architecture round (61dcf4b, the same test
+/// under the paused clock).
+const ALLOCS_CEILING: f64 = 150.0;
+/// Measured as above: 11 578 bytes per call, against 11 593 on 61dcf4b.
+const BYTES_CEILING: f64 = 12_500.0;
