@@ -74,6 +74,7 @@ pub mod rejection;
 mod schemas;
 mod snapshot;
 mod sse;
+pub mod stack;
 pub mod stats;
 #[cfg(feature = "test-util")]
 mod test_util;

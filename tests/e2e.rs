@@ -219,3 +219,39 @@ async fn a_2026_07_28_client_gets_the_modern_code() {
     assert_eq!(text(&r), "cached:a");
     client.cancel().await.unwrap();
 }
+
+/// The whole stack is one tower layer over any service: here rmcp's own streamable HTTP
+/// service, not a router. Fixed mode at one call a second: the first call runs, the second is
+/// refused with the contract, and the tool never sees it.
+#[tokio::test]
+async fn the_stack_layers_any_mcp_service() {
+    use stormgate::control::{Control, Mode};
+    use tower::Layer;
+    let mut config = Config {
+        mode: Mode::Fixed,
+        ..Config::default()
+    };
+    config.fixed.global_rate = Some(1.0);
+    let control = Control::new(config).unwrap();
+    let backend = app::Backend::new();
+    let service = control.layer().layer(app::mcp_service(backend.clone()));
+    let addr = serve(Router::new().nest_service("/mcp", service)).await;
+    let client = client(addr).await;
+    let order = || args(json!({"name": "create_order", "arguments": {"item": "x", "quantity": 1}}));
+    assert_eq!(
+        text(&client.call_tool(order()).await.unwrap()),
+        "order 1: 1 x x"
+    );
+    let err = client.call_tool(order()).await.unwrap_err();
+    let ServiceError::McpError(err) = err else {
+        panic!("expected an MCP error, got {err:?}")
+    };
+    assert_eq!(err.code.0, -32029);
+    assert_eq!(err.data.unwrap()["reason"], "fixed_limit_exceeded");
+    assert_eq!(
+        backend.orders(),
+        1,
+        "the refused call never reached the tool"
+    );
+    client.cancel().await.unwrap();
+}

@@ -19,6 +19,7 @@ use crate::idempotency::IdempotencyLayer;
 use crate::metrics::{self, CallMetrics, Labels};
 use crate::outcome::{Observer, OutcomeLayer};
 use crate::snapshot::Snapshot;
+use crate::stack::StackLayer;
 
 /// The whole stack and its control handle: a cheap clone, every clone controls the same stack.
 ///
@@ -132,24 +133,31 @@ impl Control {
         Ok(control)
     }
 
-    /// Wraps an MCP router in the whole stack, outermost first: classify, idempotency, budget,
-    /// session guard, circuit breakers, FIFO limiter, outcome observation.
-    pub fn wrap(&self, router: Router) -> Router {
+    /// The whole stack as one tower layer, over any MCP service (see [`StackLayer`]): outermost
+    /// first, classify, idempotency, budget, session guard, circuit breakers, FIFO limiter,
+    /// outcome observation.
+    pub fn layer(&self) -> StackLayer {
         let inner = &*self.inner;
-        router
-            .layer(OutcomeLayer::new([
+        StackLayer {
+            classify: inner.classify.clone(),
+            idempotency: inner.idempotency.clone(),
+            budget: inner.budget.layer(),
+            sessions: inner.sessions.layer(),
+            breakers: inner.breakers.layer(),
+            fifo: inner.fifo.clone(),
+            outcome: OutcomeLayer::new([
                 inner.budget.observer(),
                 inner.sessions.observer(),
                 inner.breakers.observer(),
                 inner.audit.clone() as Arc<dyn Observer>,
                 Arc::new(CallMetrics::new(inner.labels.clone())) as Arc<dyn Observer>,
-            ]))
-            .layer(inner.fifo.clone())
-            .layer(inner.breakers.layer())
-            .layer(inner.sessions.layer())
-            .layer(inner.budget.layer())
-            .layer(inner.idempotency.clone())
-            .layer(inner.classify.clone())
+            ]),
+        }
+    }
+
+    /// Wraps an MCP router in the whole stack ([`layer`](Self::layer)).
+    pub fn wrap(&self, router: Router) -> Router {
+        router.layer(self.layer())
     }
 
     /// Starts the background tasks: the budget's ticker and the session sweeper. They stop
