@@ -25,6 +25,9 @@
 //! * [`outcome`]: service time and outcome of every call, learned once for every stage.
 //! * [`Rejection`]: the one refusal every layer returns, rendered as described in
 //!   [`rejection`].
+//! * [`control`]: the whole stack from one configuration, its kill switch and live reloads,
+//!   with one settings snapshot per request; [`stack`]: that stack as one tower layer over
+//!   any MCP service.
 //!
 //! The order of the stack, outermost first: classify, budget, session guard, FIFO limiter,
 //! outcome, the MCP service (see the README for the whole stack in code).
@@ -75,6 +78,7 @@ mod schemas;
 mod snapshot;
 mod sse;
 pub mod stack;
+#[doc(hidden)] // the latency baselines' pure cores, public for their proptests and benches
 pub mod stats;
 #[cfg(feature = "test-util")]
 mod test_util;

@@ -54,10 +54,18 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+pub use controller::{BudgetConfig, Health};
+pub use tenant::TenantConfig;
+// The pure cores below are public for the crate's proptests, benches and demo, not an API
+// a service builds on: hidden from the docs.
+#[doc(hidden)]
 pub use crate::stats::Ewma;
-pub use controller::{BudgetConfig, Controller, Health, TickStats};
+#[doc(hidden)]
+pub use controller::{Controller, TickStats};
+#[doc(hidden)]
 pub use gcra::{Gcra, RESERVE, gcra_check, interval_for_rate};
-pub use tenant::{DEMAND_HEADROOM, TenantConfig, allocate};
+#[doc(hidden)]
+pub use tenant::{DEMAND_HEADROOM, allocate};
 
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::{Call, Tenant};

@@ -76,6 +76,7 @@
 
 mod config;
 mod gate;
+#[doc(hidden)] // the lease accounting's pure core, public for its proptests and bench
 pub mod lease;
 #[cfg(feature = "redis")]
 mod shared;

@@ -48,6 +48,11 @@ pub use guard::{
     MAX_TOOLS, SessionConfig, SessionGuard, SessionPermit, SessionSummary, UNVERIFIED_PREFIX,
 };
 pub use key::MAX_HASHED_ARGS;
+// The pure cores below are public for the crate's proptests, benches and demo, not an API
+// a service builds on: hidden from the docs.
+#[doc(hidden)]
 pub use score::{Signals, Tolerances, budget_factor, distress, diversity, storm_score};
+#[doc(hidden)]
 pub use shannon::Shannon;
+#[doc(hidden)]
 pub use window::SessionWindow;
