@@ -178,7 +178,7 @@ fn hash_of(bytes: &[u8]) -> u64 {
     h.finish()
 }
 
-struct Shared {
+struct State {
     config: Live<IdempotencyConfig>,
     entries: Bounded<Entry>,
     switch: Switch,
@@ -187,7 +187,7 @@ struct Shared {
 /// Builds [`Idempotent`] services. See the [module docs](crate::idempotency).
 #[derive(Clone)]
 pub struct IdempotencyLayer {
-    shared: Arc<Shared>,
+    shared: Arc<State>,
 }
 
 impl std::fmt::Debug for IdempotencyLayer {
@@ -211,7 +211,7 @@ impl IdempotencyLayer {
     pub fn with_switch(config: IdempotencyConfig, switch: Switch) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(IdempotencyLayer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(State {
                 config: Live::new(config),
                 entries: Bounded::new(),
                 switch,
@@ -257,7 +257,7 @@ impl<S> Layer<S> for IdempotencyLayer {
 #[derive(Clone)]
 pub struct Idempotent<S> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: Arc<State>,
 }
 
 impl<S> std::fmt::Debug for Idempotent<S> {
@@ -447,7 +447,7 @@ enum Role {
     Unprotected,
 }
 
-fn lead_or_follow(shared: &Shared, key: Key, arguments: u64, config: &IdempotencyConfig) -> Role {
+fn lead_or_follow(shared: &State, key: Key, arguments: u64, config: &IdempotencyConfig) -> Role {
     let now = Instant::now();
     let entries = &shared.entries;
     if entries.len() >= config.max_entries && !entries.contains(key) {
@@ -480,7 +480,7 @@ fn lead_or_follow(shared: &Shared, key: Key, arguments: u64, config: &Idempotenc
 /// Settles a key once: keeps the answer (or frees the key for a retry) and wakes duplicates.
 /// Dropped without finishing (the client went away): a retry runs.
 struct Settle {
-    shared: Arc<Shared>,
+    shared: Arc<State>,
     key: Key,
     arguments: u64,
     tx: Option<watch::Sender<Option<Settled>>>,

@@ -17,7 +17,7 @@ use tokio::time::Sleep;
 use tower::{BoxError, Service};
 
 use super::buffering::Reservation;
-use super::layer::Shared;
+use super::layer::Settings;
 use super::service::{classified, too_large, too_slow, unreadable};
 use crate::answer::Framing;
 use crate::call::Calls;
@@ -53,7 +53,7 @@ pin_project! {
             timeout: Sleep,
             parts: Option<Parts>,
             inner: S,
-            shared: Arc<Shared>,
+            shared: Arc<Settings>,
             // This body's share of the buffering cap, given back once it is read.
             reservation: Option<Reservation>,
         },
@@ -96,7 +96,7 @@ where
         collect: Collect<Limited<B>>,
         parts: Parts,
         inner: S,
-        shared: Arc<Shared>,
+        shared: Arc<Settings>,
         reservation: Reservation,
     ) -> Self {
         ResponseFuture {

@@ -107,7 +107,7 @@ impl ClassifyConfig {
 
 /// Settings shared by every clone of the layer and its services.
 #[derive(Clone)]
-pub(crate) struct Shared {
+pub(crate) struct Settings {
     pub(crate) body_limit: usize,
     pub(crate) identity: Arc<dyn Identify>,
     pub(crate) format: Arc<RejectionFormat>,
@@ -131,14 +131,14 @@ pub(crate) struct Shared {
 /// enabled (`enable_time` or `enable_all`, as `#[tokio::main]` does).
 #[derive(Clone)]
 pub struct ClassifyLayer {
-    shared: Arc<Live<Shared>>,
+    shared: Arc<Live<Settings>>,
 }
 
 impl ClassifyLayer {
     /// A 4 MiB body limit, [`DefaultIdentity`], the default [`RejectionFormat`].
     pub fn new() -> Self {
         ClassifyLayer {
-            shared: Arc::new(Live::new(Shared {
+            shared: Arc::new(Live::new(Settings {
                 body_limit: DEFAULT_BODY_LIMIT,
                 identity: Arc::new(DefaultIdentity::new()),
                 format: Arc::new(RejectionFormat::default()),
@@ -158,8 +158,8 @@ impl ClassifyLayer {
 
     /// A builder step: a new layer with its own settings, so configuring a clone never
     /// changes the original or the services it built.
-    fn update(self, f: impl FnOnce(&mut Shared)) -> Self {
-        let mut shared = Shared::clone(&self.shared.load());
+    fn update(self, f: impl FnOnce(&mut Settings)) -> Self {
+        let mut shared = Settings::clone(&self.shared.load());
         f(&mut shared);
         ClassifyLayer {
             shared: Arc::new(Live::new(shared)),
@@ -187,7 +187,7 @@ impl ClassifyLayer {
         deadlines: DeadlineConfig,
         classify: ClassifyConfig,
     ) {
-        let mut shared = Shared::clone(&self.shared.load());
+        let mut shared = Settings::clone(&self.shared.load());
         shared.batches = classify.batches;
         shared.body_timeout = classify.body_timeout;
         shared.max_buffered = classify.max_buffered_bytes;

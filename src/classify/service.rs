@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Limited};
 use tower::{BoxError, Service};
 
 use super::ResponseFuture;
-use super::layer::Shared;
+use super::layer::Settings;
 use crate::call::{Call, Calls, Meta, Unclassified};
 use crate::mcp::{self, ProtocolVersion};
 use crate::snapshot::{Live, Snapshot};
@@ -21,11 +21,11 @@ use crate::snapshot::{Live, Snapshot};
 #[derive(Clone)]
 pub struct Classify<S> {
     inner: S,
-    shared: Arc<Live<Shared>>,
+    shared: Arc<Live<Settings>>,
 }
 
 impl<S> Classify<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Live<Shared>>) -> Self {
+    pub(crate) fn new(inner: S, shared: Arc<Live<Settings>>) -> Self {
         Classify { inner, shared }
     }
 }
@@ -136,7 +136,7 @@ pub(super) fn unreadable() -> Response {
 }
 
 /// Attaches the classification of `body` to `parts` and rebuilds the request.
-pub(super) fn classified(mut parts: Parts, body: Bytes, shared: &Shared) -> Request<Body> {
+pub(super) fn classified(mut parts: Parts, body: Bytes, shared: &Settings) -> Request<Body> {
     match classify(&parts, &body, shared) {
         Ok(calls) => {
             for call in calls.iter() {
@@ -168,7 +168,7 @@ fn header_str<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
 pub(crate) fn classify(
     parts: &Parts,
     body: &Bytes,
-    shared: &Shared,
+    shared: &Settings,
 ) -> Result<Calls, Unclassified> {
     let parsed = mcp::parse(body)?;
     let protocol_version =

@@ -8,7 +8,7 @@ use super::{FifoLimit, ResourceLimiter};
 use crate::snapshot::{Live, Part};
 
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct LayerState {
     pub(crate) limiter: ResourceLimiter,
     /// Resource key per tool; a reload swaps it.
     pub(crate) tool_keys: Live<HashMap<String, String>>,
@@ -22,14 +22,14 @@ pub(crate) struct Shared {
 /// and requests stormgate did not classify, pass without waiting.
 #[derive(Clone)]
 pub struct FifoLimitLayer {
-    shared: Arc<Shared>,
+    shared: Arc<LayerState>,
 }
 
 impl FifoLimitLayer {
     /// Limits tool calls with `limiter`.
     pub fn new(limiter: ResourceLimiter) -> Self {
         FifoLimitLayer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(LayerState {
                 limiter,
                 tool_keys: Live::new(HashMap::new()),
             }),
@@ -42,7 +42,7 @@ impl FifoLimitLayer {
         let mut keys = HashMap::clone(&self.shared.tool_keys.load());
         keys.insert(tool.into(), key.into());
         FifoLimitLayer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(LayerState {
                 limiter: self.shared.limiter.clone(),
                 tool_keys: Live::new(keys),
             }),

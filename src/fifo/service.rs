@@ -10,7 +10,7 @@ use tower::{BoxError, Service, ServiceExt};
 
 use super::body::LeaseBody;
 use super::future::ResponseFuture;
-use super::layer::Shared;
+use super::layer::LayerState;
 use super::{Acquire, DEFAULT_KEY, QueueWait};
 use crate::call::Calls;
 use crate::deadline::DeadlineBody;
@@ -20,11 +20,11 @@ use crate::rejection::{Reason, Rejection, Scope};
 /// The FIFO limiter for inbound MCP tool calls. Built by [`FifoLimitLayer`](super::FifoLimitLayer).
 pub struct FifoLimit<S> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: Arc<LayerState>,
 }
 
 impl<S> FifoLimit<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(inner: S, shared: Arc<LayerState>) -> Self {
         FifoLimit { inner, shared }
     }
 }
