@@ -23,17 +23,16 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 /// The allocator counts every thread's allocations: the tests measure one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Allocations and bytes allocated by `n` calls of `cache_get` on `router`, per call.
-async fn per_call(router: &axum::Router, n: usize) -> (f64, f64) {
-    let sid = session(router).await;
+/// Allocations and bytes allocated per call by `n` calls of `cache_get` on `router`, on
+/// session `sid`, after 100 calls of warm-up.
+async fn per_call(router: &axum::Router, sid: &str, n: usize) -> (f64, f64) {
+    let call = |i: usize| tool_call(sid, i, "cache_get", json!({"key": "k"}));
     for i in 0..100 {
-        let req = tool_call(&sid, i, "cache_get", json!({"key": "k"}));
-        body_bytes(router.clone().oneshot(req).await.unwrap()).await;
+        body_bytes(router.clone().oneshot(call(i)).await.unwrap()).await;
     }
     let region = Region::new(GLOBAL);
     for i in 0..n {
-        let req = tool_call(&sid, 1000 + i, "cache_get", json!({"key": "k"}));
-        body_bytes(router.clone().oneshot(req).await.unwrap()).await;
+        body_bytes(router.clone().oneshot(call(1000 + i)).await.unwrap()).await;
     }
     let stats = region.change();
     (
@@ -42,22 +41,27 @@ async fn per_call(router: &axum::Router, n: usize) -> (f64, f64) {
     )
 }
 
-#[test]
-fn allocations_per_call_stay_under_their_ceiling() {
+/// Runs `f` on a current-thread runtime under the paused clock, one measurement at a time.
+fn measure<F: std::future::Future>(f: F) -> F::Output {
     let _one = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let rt = tokio::runtime::Builder::new_current_thread()
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
-        .unwrap();
-    rt.block_on(async {
+        .unwrap()
+        .block_on(f)
+}
+
+#[test]
+fn allocations_per_call_stay_under_their_ceiling() {
+    measure(async {
         let bare = app::mcp_router(app::Backend::new());
         let config = Config::from_toml(include_str!("../examples/stormgate.toml")).unwrap();
         let (stack, _control) = app::protected(app::Backend::new(), config).unwrap();
-        let (bare_allocs, bare_bytes) = per_call(&bare, 1000).await;
-        let (allocs, bytes) = per_call(&stack, 1000).await;
+        let (bare_allocs, bare_bytes) = per_call(&bare, &session(&bare).await, 1000).await;
+        let (allocs, bytes) = per_call(&stack, &session(&stack).await, 1000).await;
         let figures = format!(
             "stack {allocs:.0} allocations / {bytes:.0} bytes per call; bare router \
              {bare_allocs:.0} / {bare_bytes:.0}"
@@ -78,44 +82,19 @@ const ALLOCS_CEILING: f64 = 150.0;
 /// Measured as above: 11 578 bytes per call, against 11 593 on 61dcf4b.
 const BYTES_CEILING: f64 = 12_500.0;
 
-/// Allocations and bytes allocated per call of `n` `tools/call`s on a fixed session.
-async fn per_plain_call(router: &axum::Router, n: usize) -> (f64, f64) {
-    let call = |i: usize| tool_call("s-1", i, "cache_get", json!({"key": "k"}));
-    for i in 0..100 {
-        body_bytes(router.clone().oneshot(call(i)).await.unwrap()).await;
-    }
-    let region = Region::new(GLOBAL);
-    for i in 0..n {
-        body_bytes(router.clone().oneshot(call(1000 + i)).await.unwrap()).await;
-    }
-    let stats = region.change();
-    (
-        stats.allocations as f64 / n as f64,
-        stats.bytes_allocated as f64 / n as f64,
-    )
-}
-
 /// stormgate's own allocations: the whole stack (examples/stormgate.toml) around a handler
 /// that answers every call with a fixed JSON-RPC result, against that handler alone.
 #[test]
 fn the_stacks_own_allocations_stay_under_their_ceiling() {
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    measure(async {
         let answer =
             || async { axum::Json(json!({"jsonrpc": "2.0", "id": 1, "result": {"content": []}})) };
         let bare = axum::Router::new().route("/mcp", axum::routing::post(answer));
         let config = Config::from_toml(include_str!("../examples/stormgate.toml")).unwrap();
         let control = stormgate::control::Control::new(config).unwrap();
         let stack = control.wrap(bare.clone());
-        let (bare_allocs, bare_bytes) = per_plain_call(&bare, 1000).await;
-        let (allocs, bytes) = per_plain_call(&stack, 1000).await;
+        let (bare_allocs, bare_bytes) = per_call(&bare, "s-1", 1000).await;
+        let (allocs, bytes) = per_call(&stack, "s-1", 1000).await;
         let figures = format!(
             "stack {allocs:.0} allocations / {bytes:.0} bytes per call; the handler alone \
              {bare_allocs:.0} / {bare_bytes:.0}"
