@@ -10,7 +10,7 @@
 //! * the outcome layer's pending calls (`outcome::body`): each call's [`Outcome`] from the
 //!   message that carries its id, the others failed at the end or cancelled on drop;
 //! * the idempotency layer's capture: the first call's `result` or `error`, to replay;
-//! * the classifier's tool-list learning (`mcp::schemas`): which tools declare an
+//! * the classifier's tool-list learning (`schemas`): which tools declare an
 //!   `outputSchema`, from a `tools/list` answer (at most [`MAX_ANSWER`] bytes read);
 //! * the deadline's unanswered calls (`deadline`): which ids the stream already answered, so a
 //!   cut answers only the others. It keeps its own body (it cuts and appends), around a

@@ -18,11 +18,11 @@
 //! every tenant even when the global budget is spent: such calls are still charged to the
 //! global bucket, so the others feel them.
 //!
-//! The budget is a facade over parts chained in this order, each ticked in turn by
-//! [`Budget::tick`]: the global budget with its controller (`global.rs`), the tenants' shares
-//! (`tenants.rs`, split by [`allocate`] in `tenant.rs`), fixed mode's limits (`fixed.rs`) and
-//! the cluster's leases (a gate of [`distributed`](crate::distributed)'s). A call's charges
-//! to them are one list (`charge.rs`), taken in order and given back together.
+//! The budget is a facade over parts chained in this order, each ticked in turn by the
+//! ticker ([`Budget::spawn_ticker`]): the global budget with its controller (`global.rs`), the
+//! tenants' shares (`tenants.rs`, split by [`allocate`] in `tenant.rs`), fixed mode's limits
+//! (`fixed.rs`) and the cluster's leases (a gate of [`distributed`](crate::distributed)'s). A
+//! call's charges to them are one list (`charge.rs`), taken in order and given back together.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
