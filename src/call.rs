@@ -293,7 +293,8 @@ pub(crate) trait Refusals: Send + Sync {
 /// requests also carry an [`Unclassified`] marker when they were POSTs.
 #[derive(Clone)]
 pub struct Calls {
-    pub(crate) calls: Vec<Call>,
+    /// Shared by every copy of the request's calls (a copy is a reference count).
+    pub(crate) calls: Arc<[Call]>,
     pub(crate) batch: bool,
     pub(crate) body: Bytes,
     pub(crate) format: Arc<RejectionFormat>,
@@ -336,7 +337,7 @@ impl Calls {
 
     /// The one message of a non-batch body.
     pub fn single(&self) -> Option<&Call> {
-        match (self.batch, self.calls.as_slice()) {
+        match (self.batch, &self.calls[..]) {
             (false, [call]) => Some(call),
             _ => None,
         }

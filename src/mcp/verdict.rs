@@ -109,7 +109,7 @@ fn without(calls: &Calls, rejected: &[(usize, Rejection)]) -> Calls {
     let raws: Vec<Bytes> = kept.iter().map(|&i| calls.raw(i)).collect();
     let body = Bytes::from(reply::join_array(&raws));
     let mut offset = 1;
-    let list: Vec<Call> = kept
+    let list: std::sync::Arc<[Call]> = kept
         .iter()
         .zip(&raws)
         .map(|(&i, raw)| {
