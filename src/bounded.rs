@@ -180,6 +180,66 @@ mod tests {
         }
     }
 
+    /// One step of the entry API's model.
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// `with_entry`: add one to the entry (made at 0).
+        Bump(u8),
+        /// `replace` with this value.
+        Replace(u8, u32),
+        /// `remove`.
+        Remove(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            any::<u8>().prop_map(|k| Op::Bump(k % 16)),
+            (any::<u8>(), any::<u32>()).prop_map(|(k, v)| Op::Replace(k % 16, v)),
+            any::<u8>().prop_map(|k| Op::Remove(k % 16)),
+        ]
+    }
+
+    proptest! {
+        /// The entry API against a map: `with_entry` makes an entry only under the cap and
+        /// runs on it under its lock, `replace` stores whatever the cap, `remove` forgets.
+        #[test]
+        fn the_entry_api_is_a_capped_map(cap in 1usize..8, ops in proptest::collection::vec(op(), 0..200)) {
+            let store: Bounded<u32> = Bounded::new();
+            let mut reference: std::collections::HashMap<u8, u32> = Default::default();
+            for op in ops {
+                match op {
+                    Op::Bump(k) => {
+                        let got = store.with_entry(store.key(&k), cap, || 0, |v| {
+                            *v += 1;
+                            *v
+                        });
+                        let want = if reference.contains_key(&k) || reference.len() < cap {
+                            let v = reference.entry(k).or_insert(0);
+                            *v += 1;
+                            Some(*v)
+                        } else {
+                            None
+                        };
+                        prop_assert_eq!(got, want);
+                    }
+                    Op::Replace(k, v) => {
+                        store.replace(store.key(&k), v);
+                        reference.insert(k, v);
+                    }
+                    Op::Remove(k) => {
+                        store.remove(store.key(&k));
+                        reference.remove(&k);
+                    }
+                }
+                prop_assert_eq!(store.len(), reference.len());
+                for k in 0..16u8 {
+                    prop_assert_eq!(store.contains(store.key(&k)), reference.contains_key(&k));
+                    prop_assert_eq!(store.get(store.key(&k)), reference.get(&k).copied());
+                }
+            }
+        }
+    }
+
     #[test]
     fn two_stores_hash_the_same_key_apart() {
         let (a, b) = (Bounded::<()>::new(), Bounded::<()>::new());
