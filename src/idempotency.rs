@@ -184,6 +184,13 @@ struct State {
     switch: Switch,
 }
 
+impl State {
+    /// The settings a request of `call` runs under: its snapshot's, else the layer's own.
+    fn config_for(&self, call: Option<&Call>) -> Arc<IdempotencyConfig> {
+        self.config.read(call.and_then(Call::snapshot))
+    }
+}
+
 /// Builds [`Idempotent`] services. See the [module docs](crate::idempotency).
 #[derive(Clone)]
 pub struct IdempotencyLayer {
@@ -222,6 +229,12 @@ impl IdempotencyLayer {
     /// The settings in force.
     pub fn config(&self) -> Arc<IdempotencyConfig> {
         self.shared.config.load()
+    }
+
+    /// The settings `call` runs under (its request's snapshot's).
+    #[cfg(test)]
+    pub(crate) fn config_of(&self, call: &Call) -> Arc<IdempotencyConfig> {
+        self.shared.config_for(Some(call))
     }
 
     /// The layer's entry in a snapshot taken now.
@@ -352,7 +365,7 @@ where
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let single = req.extensions().get::<Calls>().and_then(Calls::single);
-        let config = self.shared.config.read(single.and_then(|c| c.snapshot()));
+        let config = self.shared.config_for(single);
         let listed = single
             .filter(|c| c.tool.as_deref().is_some_and(|t| config.tools.contains(t)))
             .cloned();

@@ -199,6 +199,11 @@ impl CircuitBreakers {
         self.inner.config.load()
     }
 
+    /// The settings `call` runs under (its request's snapshot's).
+    pub(crate) fn config_of(&self, call: &Call) -> Arc<BreakerConfig> {
+        self.inner.config.read(call.snapshot())
+    }
+
     /// The breakers' entry in a snapshot taken now.
     pub(crate) fn part(&self) -> Part {
         self.inner.config.part()
@@ -240,7 +245,7 @@ impl Admission for CircuitBreakers {
         if self.inner.switch.of(call).mode == Mode::Off {
             return Ok(BreakerPermit(None));
         }
-        let config = self.inner.config.read(call.snapshot());
+        let config = self.config_of(call);
         let Some(breaker) = call.tool.as_deref().and_then(|t| self.breaker(t, &config)) else {
             return Ok(BreakerPermit(None));
         };
@@ -264,7 +269,7 @@ impl Observer for CircuitBreakers {
         if matches!(o.outcome, Outcome::Cancelled | Outcome::ClientError) {
             return; // says nothing about the tool
         }
-        let config = self.inner.config.read(o.call.snapshot());
+        let config = self.config_of(o.call);
         let Some(breaker) = o
             .call
             .tool

@@ -359,6 +359,17 @@ impl Budget {
         self.apply_policy();
     }
 
+    /// The settings `call` runs under (its request's snapshot's).
+    fn settings_of(&self, call: &Call) -> Arc<Settings> {
+        self.inner.settings.read(call.snapshot())
+    }
+
+    /// The budget's settings `call` runs under.
+    #[cfg(test)]
+    pub(crate) fn config_of(&self, call: &Call) -> BudgetConfig {
+        self.settings_of(call).config.clone()
+    }
+
     /// The budget's entry in a snapshot taken now.
     pub(crate) fn part(&self) -> Part {
         self.inner.settings.part()
@@ -533,7 +544,7 @@ impl Admission for Budget {
             self.apply_policy(); // the switch was flipped by hand
         }
         let policy = self.inner.switch.of(call);
-        let settings = self.inner.settings.read(call.snapshot());
+        let settings = self.settings_of(call);
         let mut taking = Taking::new(self.ledger(), now, cost);
         match policy.mode {
             Mode::Off => Ok(()),
@@ -583,7 +594,7 @@ impl Observer for Budget {
             observation,
             inner.client_keys.identify(observation.call),
             now,
-            &inner.settings.read(observation.call.snapshot()).config,
+            &self.settings_of(observation.call).config,
         );
         self.inner.costs.observe(observation);
     }

@@ -505,3 +505,60 @@ fn prepare(running: &Config, mut next: Config, source: &Source) -> Result<Prepar
     }
     Ok(next)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::Call;
+
+    /// Two configurations that differ in every stage's settings.
+    fn two_configs() -> (Config, Config) {
+        let mut a = Config::default();
+        a.budget.stable_budget = 1000.0;
+        a.sessions.base_budget = 5.0;
+        a.breaker.window_calls = 20;
+        a.idempotency.max_entries = 10;
+        let mut b = Config::default();
+        b.budget.stable_budget = 3000.0;
+        b.sessions.base_budget = 9.0;
+        b.breaker.window_calls = 30;
+        b.idempotency.max_entries = 20;
+        (a, b)
+    }
+
+    /// Every snapshot a request can take holds one whole configuration, while two reloads and
+    /// mode flips race.
+    #[test]
+    fn every_snapshot_is_one_whole_config_while_reloads_race() {
+        let (a, b) = two_configs();
+        let control = Control::new(a.clone()).unwrap();
+        let inner = &*control.inner;
+        let modes = [Mode::Off, Mode::Fixed, Mode::Adaptive];
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for round in 0..2000 {
+                    std::thread::scope(|r| {
+                        r.spawn(|| control.reload(a.clone()).unwrap());
+                        r.spawn(|| control.reload(b.clone()).unwrap());
+                        r.spawn(|| control.set_mode(modes[round % 3]));
+                    });
+                }
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
+            let mut seen = [0usize; 2];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut call = Call::request("tools/call");
+                call.snapshot = Some(inner.snapshot.load_full());
+                let budget = inner.budget.config_of(&call);
+                let whole = if budget == a.budget { &a } else { &b };
+                assert_eq!(budget, whole.budget);
+                assert_eq!(*inner.sessions.config_of(&call), whole.sessions);
+                assert_eq!(*inner.breakers.config_of(&call), whole.breaker);
+                assert_eq!(*inner.idempotency.config_of(&call), whole.idempotency);
+                seen[usize::from(budget != a.budget)] += 1;
+            }
+            assert!(seen[0] > 0 && seen[1] > 0, "both configs seen: {seen:?}");
+        });
+    }
+}

@@ -445,7 +445,7 @@ impl SessionGuard {
     }
 
     /// The settings `call` runs under (its request's snapshot's).
-    fn config_of(&self, call: &Call) -> Arc<SessionConfig> {
+    pub(crate) fn config_of(&self, call: &Call) -> Arc<SessionConfig> {
         self.inner.config.read(call.snapshot())
     }
 
