@@ -282,7 +282,7 @@ impl ToolBaselines {
     }
 }
 
-/// Tools one client's [`OwnBaselines`] holds at most; past it, the tool it called longest
+/// Tools one client's `OwnBaselines` holds at most; past it, the tool it called longest
 /// ago is forgotten.
 pub const OWN_TOOLS: usize = 4;
 
