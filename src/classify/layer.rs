@@ -10,6 +10,7 @@ use tower::Layer;
 
 use super::Classify;
 use super::buffering::Buffering;
+use super::names::Names;
 use crate::call::Refusals;
 use crate::call::{DefaultIdentity, Identify};
 use crate::cost::Costs;
@@ -122,6 +123,8 @@ pub(crate) struct Settings {
     pub(crate) buffering: Arc<Buffering>,
     /// Learned from `tools/list` answers; kept across reloads.
     pub(crate) schemas: Arc<ToolSchemas>,
+    /// The names calls carry, shared; kept across reloads.
+    pub(crate) names: Arc<Names>,
     /// The snapshot each request loads at its head, when a `Control` built the stack.
     pub(crate) snapshots: Option<Arc<ArcSwap<Snapshot>>>,
 }
@@ -151,6 +154,7 @@ impl ClassifyLayer {
                 max_buffered: DEFAULT_MAX_BUFFERED_BYTES,
                 buffering: Buffering::new(),
                 schemas: Arc::default(),
+                names: Arc::default(),
                 snapshots: None,
             })),
         }

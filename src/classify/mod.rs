@@ -31,6 +31,7 @@
 mod buffering;
 mod future;
 mod layer;
+mod names;
 mod service;
 
 pub use future::ResponseFuture;

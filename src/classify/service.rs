@@ -206,10 +206,10 @@ pub(crate) fn classify(
                 id: m
                     .id
                     .map(|raw| crate::call::RequestId::from_raw(raw.to_owned())),
-                method: method.map(Arc::from),
-                tool: tool.map(Arc::from),
-                resource: resource.map(Arc::from),
-                prompt: prompt.map(Arc::from),
+                method: method.map(|n| shared.names.get(n)),
+                tool: tool.map(|n| shared.names.get(n)),
+                resource: resource.map(Arc::from), // a uri is more an argument than a name
+                prompt: prompt.map(|n| shared.names.get(n)),
                 session: shared.identity.session(parts, Meta::new(m.meta), &tenant),
                 tenant: tenant.clone(),
                 protocol_version,

@@ -1,0 +1,61 @@
+//! The names calls carry (methods, tools, prompts), each kept once and shared by
+//! every call that names it, so classifying a call copies no name it has seen before.
+//!
+//! Bounded: at most [`MAX_NAMES`] names of at most [`MAX_NAME_LEN`] bytes, never evicted. A
+//! name past either bound (a client can make up a new tool name per call) is copied for its
+//! call alone, as every name was before: nothing is lost but the sharing.
+
+use std::sync::Arc;
+
+use crate::bounded::Bounded;
+
+/// Names kept at most.
+pub(crate) const MAX_NAMES: usize = 4096;
+/// Longest name kept, bytes.
+pub(crate) const MAX_NAME_LEN: usize = 128;
+
+/// The shared names. See the [module docs](self).
+#[derive(Debug)]
+pub(crate) struct Names(Bounded<Arc<str>>);
+
+impl Default for Names {
+    fn default() -> Self {
+        Names(Bounded::new())
+    }
+}
+
+impl Names {
+    /// `name`, shared when it is kept.
+    pub(crate) fn get(&self, name: &str) -> Arc<str> {
+        if name.len() > MAX_NAME_LEN {
+            return Arc::from(name);
+        }
+        match self
+            .0
+            .get_or_insert(self.0.key(name), MAX_NAMES, || Arc::from(name))
+        {
+            // Two names may share a 64-bit hash (the key is random per process): compared.
+            Some(kept) if &*kept == name => kept,
+            _ => Arc::from(name),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_is_kept_once_and_the_store_is_bounded() {
+        let names = Names::default();
+        let a = names.get("tools/call");
+        assert!(Arc::ptr_eq(&a, &names.get("tools/call")), "shared");
+        let long = "x".repeat(MAX_NAME_LEN + 1);
+        assert_eq!(&*names.get(&long), long, "a long name is its own copy");
+        for i in 0..2 * MAX_NAMES {
+            assert_eq!(&*names.get(&format!("t{i}")), format!("t{i}"));
+        }
+        assert_eq!(names.0.len(), MAX_NAMES, "never past the bound");
+        assert!(Arc::ptr_eq(&a, &names.get("tools/call")), "kept names stay");
+    }
+}
