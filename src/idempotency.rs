@@ -160,7 +160,7 @@ enum Entry {
 }
 
 impl Entry {
-    /// The hash of the arguments of the call that made the entry.
+    /// The hash of what the entry was made for: its whole key and its arguments.
     fn arguments(&self) -> u64 {
         match self {
             Entry::Running(_, a) | Entry::Done(_, _, a) => *a,
@@ -171,16 +171,13 @@ impl Entry {
 /// An entry's place: the keyed hash of (tenant, session or "" for tenant scope, tool, key).
 type Key = u64;
 
-fn hash_of(bytes: &[u8]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish()
-}
-
 struct State {
     config: Live<IdempotencyConfig>,
     entries: Bounded<Entry>,
+    /// A second key, random per layer, for what an entry was made for: the whole key and the
+    /// arguments. Two keys sharing a place (a 64-bit collision) then read as a reuse with
+    /// other arguments, refused, and never as the other's answer.
+    made_for: std::hash::RandomState,
     switch: Switch,
 }
 
@@ -221,6 +218,7 @@ impl IdempotencyLayer {
             shared: Arc::new(State {
                 config: Live::new(config),
                 entries: Bounded::new(),
+                made_for: std::hash::RandomState::new(),
                 switch,
             }),
         })
@@ -395,13 +393,17 @@ where
             KeyScope::Session => call.session.as_str(),
             KeyScope::Tenant => "",
         };
-        let key: Key = shared.entries.key(&(
+        let whole = (
             call.tenant.as_str(),
             session,
             call.tool.as_deref().unwrap_or(""),
             key.as_str(),
-        ));
-        let arguments = hash_of(call.arguments().unwrap_or("").trim().as_bytes());
+        );
+        let key: Key = shared.entries.key(&whole);
+        let arguments = std::hash::BuildHasher::hash_one(
+            &shared.made_for,
+            (whole, call.arguments().unwrap_or("").trim()),
+        );
         ResponseFuture::limited(Box::pin(async move {
             loop {
                 match lead_or_follow(&shared, key, arguments, &config) {
@@ -573,6 +575,30 @@ impl Listener for Capture {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key whose place holds an entry made for another whole key or other arguments (a
+    /// 64-bit collision, or a reuse) is refused, never answered with that entry's answer.
+    #[tokio::test]
+    async fn an_entry_made_for_another_key_is_never_replayed() {
+        let layer = IdempotencyLayer::new(IdempotencyConfig::default()).unwrap();
+        let state = &*layer.shared;
+        let config = IdempotencyConfig::default();
+        let place = 7;
+        let answer = Answer {
+            member: "result",
+            value: RawValue::from_string("{}".into()).unwrap(),
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        state.entries.replace(place, Entry::Done(answer, until, 1));
+        assert!(matches!(
+            lead_or_follow(state, place, 1, &config),
+            Role::Replay(_)
+        ));
+        assert!(matches!(
+            lead_or_follow(state, place, 2, &config),
+            Role::Mismatch
+        ));
+    }
 
     #[test]
     fn the_key_comes_from_meta_or_the_header() {
