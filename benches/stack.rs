@@ -47,7 +47,7 @@ use http_body_util::BodyExt;
 use stormgate::admit::Admission;
 use stormgate::budget::{Budget, BudgetConfig, TenantConfig};
 use stormgate::classify::ClassifyLayer;
-use stormgate::control::{Config, Control, Mode};
+use stormgate::control::{Config, Control, Mode, Off};
 use stormgate::entropy::{SessionConfig, SessionGuard};
 use stormgate::fifo::{FifoConfig, ResourceLimiter, ResourceLimits};
 use stormgate::outcome::OutcomeLayer;
@@ -223,7 +223,20 @@ fn bench_http(
 /// The whole stack in `mode`, every session and the tenant known and the tenant's share
 /// allocated, checked to admit everything.
 fn warmed(rt: &Runtime, mode: Mode, inner: Router, sessions: &[HeaderValue]) -> (Control, Router) {
-    let control = Control::new(config()).unwrap();
+    warmed_with(rt, mode, Off::Measure, inner, sessions)
+}
+
+/// [`warmed`], with `off` set as given.
+fn warmed_with(
+    rt: &Runtime,
+    mode: Mode,
+    off: Off,
+    inner: Router,
+    sessions: &[HeaderValue],
+) -> (Control, Router) {
+    let mut config = config();
+    config.off = off;
+    let control = Control::new(config).unwrap();
     control.set_mode(mode);
     let protected = control.wrap(inner);
     assert_admitted(rt, &protected, sessions);
@@ -246,6 +259,7 @@ fn stack(c: &mut Criterion) {
     // One stack per mode, built and warmed alike, so neither inherits the other's state.
     let adaptive = warmed(&rt, Mode::Adaptive, inner(), &sessions);
     let off = warmed(&rt, Mode::Off, inner(), &sessions);
+    let passing = warmed_with(&rt, Mode::Off, Off::PassThrough, inner(), &sessions);
 
     let mut g = c.benchmark_group("stack: one 300-byte tools/call");
     bench_http(
@@ -264,6 +278,13 @@ fn stack(c: &mut Criterion) {
     );
     bench_http(&mut g, "stormgate adaptive", &rt, &adaptive.1, &sessions);
     bench_http(&mut g, "stormgate off", &rt, &off.1, &sessions);
+    bench_http(
+        &mut g,
+        "stormgate off, passing through",
+        &rt,
+        &passing.1,
+        &sessions,
+    );
     g.finish();
     // Nothing was refused while measuring either.
     assert_admitted(&rt, &adaptive.1, &sessions);

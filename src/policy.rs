@@ -44,6 +44,34 @@ impl Mode {
     }
 }
 
+/// What mode `off` does (the `off` setting).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Off {
+    /// Every stage still runs and refuses nothing (the default): calls are classified,
+    /// measured, audited and learned from as in the other modes, so metrics, the audit and
+    /// the controller carry on, and a flip back finds them current. Costs what `adaptive`
+    /// costs.
+    #[default]
+    Measure,
+    /// The stack steps aside whole: each request goes to the MCP service untouched, as if
+    /// stormgate were not there (about the cost of one atomic load). Nothing is classified,
+    /// measured, audited or learned while off: call metrics stop, the controller holds its
+    /// budget, and sessions started meanwhile are accepted by the session guard at their first
+    /// answered call after the flip back.
+    PassThrough,
+}
+
+impl Off {
+    /// The snake_case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Off::Measure => "measure",
+            Off::PassThrough => "pass_through",
+        }
+    }
+}
+
 /// One switch per feature, each on by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -110,6 +138,16 @@ pub struct Policy {
     pub features: Features,
     /// The limits of fixed mode.
     pub fixed: FixedLimits,
+    /// What mode `off` does.
+    pub off: Off,
+}
+
+impl Policy {
+    /// Whether the stack steps aside whole under this policy: mode `off` with
+    /// [`Off::PassThrough`].
+    pub fn passes_through(&self) -> bool {
+        self.mode == Mode::Off && self.off == Off::PassThrough
+    }
 }
 
 /// The shared, atomically swapped [`Policy`]: a flip is seen by the next request, and a

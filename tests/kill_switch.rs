@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{message, session, tool_call};
 use serde_json::{Value, json};
 use stormgate::Call;
-use stormgate::control::{Config, Mode};
+use stormgate::control::{Config, Mode, Off};
 use stormgate::fifo::ResourceLimits;
 use stormgate::idempotency::Missing;
 use stormgate::outcome::{Observation, Observer, Outcome};
@@ -95,9 +95,11 @@ fn refusal(msg: &Value) -> Option<String> {
     Some("missing_idempotency_key".into())
 }
 
-/// The refusals `stage` makes of its trigger in `mode`.
-async fn refusals(stage: Stage, mode: Mode) -> BTreeSet<String> {
-    let (router, control) = app::protected(app::Backend::new(), config(stage)).unwrap();
+/// The refusals `stage` makes of its trigger in `mode`, with `off` set as given.
+async fn refusals(stage: Stage, mode: Mode, off: Off) -> BTreeSet<String> {
+    let mut config = config(stage);
+    config.off = off;
+    let (router, control) = app::protected(app::Backend::new(), config).unwrap();
     let sid = session(&router).await;
     tokio::time::advance(Duration::from_secs(10)).await; // every bucket full again
     control.set_mode(mode);
@@ -144,6 +146,7 @@ async fn refusals(stage: Stage, mode: Mode) -> BTreeSet<String> {
 #[tokio::test(start_paused = true)]
 async fn each_mode_refuses_exactly_what_it_says_at_every_stage() {
     let set = |r: &[&str]| r.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    // `off` refuses nothing whether it measures or passes through.
     let table: [(Stage, [&[&str]; 3]); 6] = [
         // stage            adaptive                         fixed                      off
         (
@@ -174,13 +177,68 @@ async fn each_mode_refuses_exactly_what_it_says_at_every_stage() {
             .into_iter()
             .zip(expected)
         {
-            assert_eq!(
-                refusals(stage, mode).await,
-                set(want),
-                "{stage:?} in {mode:?}"
-            );
+            for off in [Off::Measure, Off::PassThrough] {
+                assert_eq!(
+                    refusals(stage, mode, off).await,
+                    set(want),
+                    "{stage:?} in {mode:?} ({off:?})"
+                );
+            }
         }
     }
+}
+
+/// What the stack's stages saw of `count` calls on one session (its audit), the last answer,
+/// and how the same session's next call is answered once the mode is back to `adaptive`.
+async fn audited_in_off(off: Off, count: usize) -> (usize, Value, Value) {
+    let mut config = config(Stage::GlobalBudget);
+    config.off = off;
+    let (router, control) = app::protected(app::Backend::new(), config).unwrap();
+    let sid = session(&router).await;
+    let seen = || {
+        control
+            .audit()
+            .invocations(&stormgate::SessionId::new(sid.clone()))
+            .len()
+    };
+    let handshake = seen();
+    tokio::time::advance(Duration::from_secs(10)).await; // the bucket of one full again
+    control.set_mode(Mode::Off);
+    let mut last = Value::Null;
+    for id in 0..count {
+        let req = tool_call(&sid, id, "cache_get", json!({"key": "k"}));
+        last = message(router.clone().oneshot(req).await.unwrap()).await.0;
+    }
+    let audited = seen() - handshake;
+    control.set_mode(Mode::Adaptive);
+    let mut after = Value::Null;
+    for id in count..count + 2 {
+        let req = tool_call(&sid, id, "cache_get", json!({"key": "k"}));
+        after = message(router.clone().oneshot(req).await.unwrap()).await.0;
+    }
+    (audited, last, after)
+}
+
+#[tokio::test(start_paused = true)]
+async fn off_passing_through_steps_the_whole_stack_aside_and_measuring_does_not() {
+    // Measuring: every call is seen (and charged: the bucket of one is spent by the first).
+    let (audited, last, after) = audited_in_off(Off::Measure, 5).await;
+    assert_eq!(audited, 5);
+    assert_eq!(last["result"]["isError"], false, "{last}");
+    assert_eq!(
+        after["error"]["data"]["reason"], "global_budget_exceeded",
+        "{after}"
+    );
+    // Passing through: the stages see nothing, the server answers every call itself.
+    let (audited, last, after) = audited_in_off(Off::PassThrough, 5).await;
+    assert_eq!(audited, 0, "no stage saw the calls");
+    assert_eq!(last["result"]["isError"], false, "{last}");
+    // Back in adaptive the stack runs again: the bucket of one, untouched while off, takes
+    // one call and refuses the next.
+    assert_eq!(
+        after["error"]["data"]["reason"], "global_budget_exceeded",
+        "{after}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -271,4 +329,18 @@ async fn a_switch_of_your_own_flips_the_stages_that_follow_it() {
     assert_eq!(admitted(5), 5, "off: nothing refused");
     switch.set(Policy::default());
     assert_eq!(admitted(5), 0, "adaptive again: the bucket is still empty");
+}
+
+#[test]
+fn the_off_setting_is_read_and_checked() {
+    let c = Config::from_toml("mode = \"off\"\noff = \"pass_through\"\n").unwrap();
+    assert!(c.policy().passes_through());
+    let c = Config::from_toml("off = \"pass_through\"\n").unwrap();
+    assert!(!c.policy().passes_through(), "only in mode off");
+    assert!(
+        !Config::default().policy().passes_through(),
+        "measures by default"
+    );
+    let err = Config::from_toml("off = \"skip\"\n").unwrap_err();
+    assert!(err.to_string().contains("off"), "{err}");
 }

@@ -3,7 +3,7 @@
 use crate::error::{ConfigError, ControlError};
 use serde::{Deserialize, Serialize};
 
-use super::{Features, FixedLimits, Mode, Policy};
+use super::{Features, FixedLimits, Mode, Off, Policy};
 use crate::breaker::BreakerConfig;
 use crate::budget::{BudgetConfig, TenantConfig};
 use crate::classify::{ClassifyConfig, DEFAULT_BODY_LIMIT};
@@ -38,6 +38,9 @@ use crate::rejection::RejectionFormat;
 pub struct Config {
     /// The kill switch: `adaptive` (default), `fixed` or `off`.
     pub mode: Mode,
+    /// What `off` does: `measure` (default: every stage runs and refuses nothing) or
+    /// `pass_through` (the stack steps aside whole).
+    pub off: Off,
     /// One switch per feature.
     pub features: Features,
     /// The limits of fixed mode.
@@ -144,6 +147,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             mode: Mode::default(),
+            off: Off::default(),
             features: Features::default(),
             fixed: FixedLimits::default(),
             body_limit: DEFAULT_BODY_LIMIT,
@@ -281,6 +285,7 @@ impl Config {
             mode: self.mode,
             features: self.features,
             fixed: self.fixed,
+            off: self.off,
         }
     }
 }

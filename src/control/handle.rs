@@ -152,6 +152,7 @@ impl Control {
                 inner.audit.clone() as Arc<dyn Observer>,
                 Arc::new(CallMetrics::new(inner.labels.clone())) as Arc<dyn Observer>,
             ]),
+            switch: inner.switch.clone(),
         }
     }
 

@@ -21,7 +21,7 @@ mod view;
 mod watch;
 
 pub use crate::error::{ConfigError, ControlError};
-pub use crate::policy::{Features, FixedLimits, Mode, Policy, Switch};
+pub use crate::policy::{Features, FixedLimits, Mode, Off, Policy, Switch};
 pub use audit::{AUDIT_MAX_SESSIONS, AUDIT_PER_SESSION, Audit, Invocation};
 pub use config::{AdminConfig, Config, IdentityConfig, MetricsConfig};
 #[cfg(feature = "test-util")]
