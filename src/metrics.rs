@@ -121,16 +121,16 @@ pub const SHARED_GRANTED: &str = "stormgate_shared_granted_total";
 /// Redis calls and connection attempts that failed or timed out.
 pub const SHARED_REDIS_ERRORS: &str = "stormgate_shared_redis_errors_total";
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use ::metrics::SharedString;
+use ::metrics::{Counter, Histogram, SharedString};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 use crate::bounded::Bounded;
 use crate::call::Call;
-use crate::outcome::{Observation, Observer};
+use crate::outcome::{Observation, Observer, Outcome};
 use crate::rejection::Rejection;
 
 /// Default number of distinct tenant (and tool) label values before `other`.
@@ -259,48 +259,126 @@ pub fn prometheus_builder() -> PrometheusBuilder {
 /// [`OutcomeLayer`](crate::outcome::OutcomeLayer) and the
 /// [`ClassifyLayer`](crate::classify::ClassifyLayer::observers) (the
 /// [`Control`](crate::control::Control) does), with the stack's [`Labels`].
-#[derive(Debug, Clone, Default)]
+///
+/// The metric handles of each (tenant label, tool label) pair are resolved once, when a call
+/// of the pair first finishes, and kept (at most [`MAX_LABEL_PAIRS`] pairs; past them a call's
+/// handles are resolved for it alone): so they belong to the recorder installed then. The
+/// pairs are of capped labels, so their number is bounded by the label caps, whatever names
+/// clients send.
+#[derive(Clone)]
 pub struct CallMetrics {
     labels: Arc<Labels>,
+    pairs: Arc<Bounded<Arc<PairHandles>>>,
+    /// `stormgate_outcomes_total` by outcome, each resolved when first used.
+    outcomes: Arc<[OnceLock<Counter>; Outcome::COUNT]>,
+}
+
+/// The most (tenant label, tool label) pairs whose call metric handles one [`CallMetrics`]
+/// keeps.
+pub const MAX_LABEL_PAIRS: usize = 65_536;
+
+/// One (tenant label, tool label) pair's handles, each resolved when first used (so a scrape
+/// shows the series that happened, as without the cache).
+struct PairHandles {
+    tenant: SharedString,
+    tool: SharedString,
+    /// `stormgate_calls_total` by result: each [`Outcome`] at its [`index`](Outcome::index),
+    /// then `rejected`.
+    calls: [OnceLock<Counter>; Outcome::COUNT + 1],
+    /// `stormgate_service_time_seconds` of the tool.
+    service_time: OnceLock<Histogram>,
+}
+
+/// The place of `result="rejected"` in [`PairHandles::calls`].
+const REJECTED_RESULT: usize = Outcome::COUNT;
+
+impl PairHandles {
+    fn new(tenant: SharedString, tool: SharedString) -> Self {
+        PairHandles {
+            tenant,
+            tool,
+            calls: Default::default(),
+            service_time: OnceLock::new(),
+        }
+    }
+
+    /// Counts one call of the pair with result `index`.
+    fn count(&self, index: usize) {
+        self.calls[index]
+            .get_or_init(|| {
+                let result = Outcome::ALL.get(index).map_or("rejected", |o| o.as_str());
+                ::metrics::counter!(
+                    CALLS,
+                    "tenant" => self.tenant.clone(),
+                    "tool" => self.tool.clone(),
+                    "result" => result,
+                )
+            })
+            .increment(1);
+    }
+
+    fn service_time(&self) -> &Histogram {
+        self.service_time
+            .get_or_init(|| ::metrics::histogram!(SERVICE_TIME, "tool" => self.tool.clone()))
+    }
+}
+
+impl std::fmt::Debug for CallMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallMetrics")
+            .field("labels", &self.labels)
+            .field("pairs", &self.pairs.len())
+            .finish()
+    }
+}
+
+impl Default for CallMetrics {
+    fn default() -> Self {
+        CallMetrics::new(Arc::default())
+    }
 }
 
 impl CallMetrics {
     /// Counting with these label caps.
     pub fn new(labels: Arc<Labels>) -> Self {
-        CallMetrics { labels }
+        CallMetrics {
+            labels,
+            pairs: Arc::new(Bounded::new()),
+            outcomes: Arc::default(),
+        }
+    }
+
+    /// The handles of `call`'s (tenant, tool) labels.
+    fn pair(&self, call: &Call) -> Arc<PairHandles> {
+        let tenant = self.labels.tenant(call.tenant.as_str());
+        let tool = self.labels.tool(call.target());
+        let key = self.pairs.key(&(&*tenant, &*tool));
+        let make = || Arc::new(PairHandles::new(tenant.clone(), tool.clone()));
+        self.pairs
+            .get_or_insert(key, MAX_LABEL_PAIRS, make)
+            .unwrap_or_else(make)
     }
 }
 
 impl Observer for CallMetrics {
     fn observe(&self, o: &Observation<'_>) {
-        ::metrics::counter!(OUTCOMES, "outcome" => o.outcome.as_str()).increment(1);
-        let tool = self.labels.tool(o.call.target());
-        ::metrics::counter!(
-            CALLS,
-            "tenant" => self.labels.tenant(o.call.tenant.as_str()),
-            "tool" => tool.clone(),
-            "result" => o.outcome.as_str(),
-        )
-        .increment(1);
-        ::metrics::histogram!(SERVICE_TIME, "tool" => tool).record(o.service_time.as_secs_f64());
+        self.outcomes[o.outcome.index()]
+            .get_or_init(|| ::metrics::counter!(OUTCOMES, "outcome" => o.outcome.as_str()))
+            .increment(1);
+        let pair = self.pair(o.call);
+        pair.count(o.outcome.index());
+        pair.service_time().record(o.service_time.as_secs_f64());
     }
 
     fn refused(&self, call: &Call, r: &Rejection) {
-        let tenant = self.labels.tenant(call.tenant.as_str());
-        let tool = self.labels.tool(call.target());
-        ::metrics::counter!(
-            CALLS,
-            "tenant" => tenant.clone(),
-            "tool" => tool.clone(),
-            "result" => "rejected",
-        )
-        .increment(1);
+        let pair = self.pair(call);
+        pair.count(REJECTED_RESULT);
         ::metrics::counter!(
             REJECTED,
             "reason" => r.reason().as_str(),
             "scope" => r.scope().as_str(),
-            "tenant" => tenant,
-            "tool" => tool,
+            "tenant" => pair.tenant.clone(),
+            "tool" => pair.tool.clone(),
         )
         .increment(1);
     }
@@ -309,6 +387,50 @@ impl Observer for CallMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn call_metrics_resolve_each_label_pair_once_and_count_every_call() {
+        let recorder = prometheus_builder().build_recorder();
+        let handle = recorder.handle();
+        ::metrics::with_local_recorder(&recorder, || {
+            let metrics = CallMetrics::new(Arc::new(Labels::with_caps(2, 2)));
+            for tenant in 0..50 {
+                for tool in 0..50 {
+                    let call = Call::request("tools/call")
+                        .with_tool(format!("t{tool}").as_str())
+                        .with_tenant(crate::Tenant::new(format!("n{tenant}")));
+                    metrics.observe(&Observation {
+                        call: &call,
+                        outcome: if tool == 0 {
+                            Outcome::Error
+                        } else {
+                            Outcome::Ok
+                        },
+                        service_time: Duration::from_millis(1),
+                        response_bytes: 0,
+                        queue_wait: Duration::ZERO,
+                    });
+                }
+            }
+            // Two labelled tenants and `other`, two labelled tools and `other`: nine pairs,
+            // however many names came.
+            assert_eq!(metrics.pairs.len(), 9);
+            let scrape = handle.render();
+            for line in [
+                r#"stormgate_calls_total{tenant="other",tool="other",result="ok"} 2304"#,
+                r#"stormgate_calls_total{tenant="n0",tool="t0",result="error"} 1"#,
+                r#"stormgate_calls_total{tenant="n0",tool="other",result="ok"} 48"#,
+                r#"stormgate_outcomes_total{outcome="ok"} 2450"#,
+                r#"stormgate_outcomes_total{outcome="error"} 50"#,
+                r#"stormgate_service_time_seconds_count{tool="other"} 2400"#,
+            ] {
+                assert!(scrape.contains(line), "{line} in\n{scrape}");
+            }
+            // Only the results that happened are series.
+            assert!(!scrape.contains(r#"tool="t1",result="error""#), "{scrape}");
+            assert!(!scrape.contains(r#"outcome="timeout""#), "{scrape}");
+        });
+    }
 
     #[test]
     fn labels_past_the_cap_are_other() {

@@ -52,6 +52,8 @@ struct Inner {
     audit: Arc<Audit>,
     /// The bounded tenant and tool label values of this stack's metrics.
     labels: Arc<Labels>,
+    /// The call metrics, with their handles resolved once per (tenant, tool) labels.
+    calls: CallMetrics,
     last_error: Mutex<Option<String>>,
     /// Orders every change (reloads from every source, mode flips), from reading the running
     /// configuration to committing the next.
@@ -98,6 +100,8 @@ impl Control {
             IdempotencyLayer::with_switch(config.idempotency.clone(), switch.clone())?;
         let fifo = config.fifo.layer();
         let audit = Arc::new(Audit::following(sessions.clone()));
+        // One set of call metric handles for the refusals and the outcomes.
+        let calls = CallMetrics::new(labels.clone());
         let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
         let classify = ClassifyLayer::new()
             .snapshots(snapshot.clone())
@@ -110,7 +114,7 @@ impl Control {
             .costs(budget.costs())
             .observers([
                 audit.clone() as Arc<dyn Observer>,
-                Arc::new(CallMetrics::new(labels.clone())) as Arc<dyn Observer>,
+                Arc::new(calls.clone()) as Arc<dyn Observer>,
             ]);
         let control = Control {
             inner: Arc::new(Inner {
@@ -124,6 +128,7 @@ impl Control {
                 fifo,
                 audit,
                 labels,
+                calls,
                 last_error: Mutex::new(None),
                 order: Mutex::new(()),
                 snapshot,
@@ -150,7 +155,7 @@ impl Control {
                 inner.sessions.observer(),
                 inner.breakers.observer(),
                 inner.audit.clone() as Arc<dyn Observer>,
-                Arc::new(CallMetrics::new(inner.labels.clone())) as Arc<dyn Observer>,
+                Arc::new(inner.calls.clone()) as Arc<dyn Observer>,
             ]),
             switch: inner.switch.clone(),
         }

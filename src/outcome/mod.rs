@@ -57,6 +57,29 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// How many outcomes there are.
+    pub const COUNT: usize = 5;
+
+    /// Every outcome, in [`index`](Self::index) order.
+    pub const ALL: [Outcome; Outcome::COUNT] = [
+        Outcome::Ok,
+        Outcome::Error,
+        Outcome::Timeout,
+        Outcome::Cancelled,
+        Outcome::ClientError,
+    ];
+
+    /// The outcome's place in [`ALL`](Self::ALL).
+    pub const fn index(self) -> usize {
+        match self {
+            Outcome::Ok => 0,
+            Outcome::Error => 1,
+            Outcome::Timeout => 2,
+            Outcome::Cancelled => 3,
+            Outcome::ClientError => 4,
+        }
+    }
+
     /// Whether the backend failed (errors and timeouts; a cancel is the client's doing).
     pub fn is_failure(self) -> bool {
         matches!(self, Outcome::Error | Outcome::Timeout)
