@@ -273,10 +273,15 @@ impl Call {
 
     /// The name of what the call targets: the tool, resource uri or prompt name.
     pub fn target(&self) -> Option<&str> {
+        self.target_name().map(|t| &**t)
+    }
+
+    /// [`target`](Self::target), shared.
+    pub(crate) fn target_name(&self) -> Option<&Arc<str>> {
         self.tool
-            .as_deref()
-            .or(self.resource.as_deref())
-            .or(self.prompt.as_deref())
+            .as_ref()
+            .or(self.resource.as_ref())
+            .or(self.prompt.as_ref())
     }
 }
 
@@ -508,6 +513,14 @@ pub const MAX_ID_LEN: usize = 128;
 /// `id` as stored: as it is up to [`MAX_ID_LEN`] bytes, else `~` and a 64-bit hash of it (so a
 /// megabyte of `Mcp-Session-Id` costs 17 bytes wherever the id is kept or logged, and long
 /// ids stay apart).
+/// [`bounded`], of a shared name: the name itself (shared, not copied) when it fits.
+pub(crate) fn bounded_name(name: &Arc<str>) -> Arc<str> {
+    match bounded(name) {
+        Cow::Borrowed(_) => name.clone(),
+        Cow::Owned(hashed) => hashed.into(),
+    }
+}
+
 pub(crate) fn bounded(id: &str) -> Cow<'_, str> {
     if id.len() <= MAX_ID_LEN {
         return Cow::Borrowed(id);

@@ -9,7 +9,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::bounded::Bounded;
-use crate::call::{Call, SessionId, bounded};
+use crate::call::{Call, SessionId, bounded_name};
 use crate::entropy::SessionGuard;
 use crate::outcome::{Observation, Observer};
 use crate::rejection::Rejection;
@@ -24,10 +24,12 @@ pub const AUDIT_MAX_SESSIONS: usize = 10_000;
 pub struct Invocation {
     /// Milliseconds since the audit started.
     pub at_ms: u64,
-    /// The method.
-    pub method: Option<String>,
-    /// The tool, resource or prompt.
-    pub target: Option<String>,
+    /// The method (shared with the call that named it: kept once however many calls do).
+    #[serde(serialize_with = "shared")]
+    pub method: Option<Arc<str>>,
+    /// The tool, resource or prompt (shared likewise).
+    #[serde(serialize_with = "shared")]
+    pub target: Option<Arc<str>>,
     /// How it ended (`ok`, `error`, `timeout`, `cancelled`, `client_error`), if it ran.
     pub outcome: Option<&'static str>,
     /// Why it was refused, if it was.
@@ -79,6 +81,11 @@ impl Default for Audit {
             swept_ms: AtomicU64::new(0),
         }
     }
+}
+
+/// Writes a shared name as a string.
+fn shared<S: serde::Serializer>(name: &Option<Arc<str>>, s: S) -> Result<S::Ok, S::Error> {
+    name.as_deref().serialize(s)
 }
 
 fn ms(d: std::time::Duration) -> u64 {
@@ -156,8 +163,8 @@ impl Audit {
     fn entry(&self, call: &Call) -> Invocation {
         Invocation {
             at_ms: ms(self.epoch.elapsed()),
-            method: call.method.as_deref().map(|m| bounded(m).into_owned()),
-            target: call.target().map(|t| bounded(t).into_owned()),
+            method: call.method.as_ref().map(bounded_name),
+            target: call.target_name().map(bounded_name),
             outcome: None,
             rejection: None,
             queue_wait_ms: 0,
