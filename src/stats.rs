@@ -165,6 +165,8 @@ pub struct CommonBaseline {
     /// The period in progress: its index, and per client its sum and count.
     period: u64,
     clients: Vec<(u64, f64, u64)>,
+    /// The period in progress's value, kept current by each record (read on every call).
+    current: Option<f64>,
 }
 
 impl CommonBaseline {
@@ -172,7 +174,7 @@ impl CommonBaseline {
     pub fn record(&mut self, now: Duration, client: u64, secs: f64) {
         let period = (now.as_nanos() / BASELINE_PERIOD.as_nanos()) as u64;
         if period != self.period {
-            if let Some(v) = self.current() {
+            if let Some(v) = self.current.take() {
                 if self.done.len() == BASELINE_PERIODS {
                     self.done.pop_front();
                 }
@@ -186,25 +188,31 @@ impl CommonBaseline {
             c.2 += 1;
         } else if self.clients.len() < PERIOD_CLIENTS {
             self.clients.push((client, secs, 1));
+        } else {
+            return; // counts from the next period
         }
+        self.current = self.upper_median();
     }
 
-    /// The period in progress: the upper median of its clients' means.
-    fn current(&self) -> Option<f64> {
+    /// The period in progress: the upper median of its clients' means (a selection, not a
+    /// sort).
+    fn upper_median(&self) -> Option<f64> {
         let mut means = [0.0; PERIOD_CLIENTS];
         let n = self.clients.len();
         for (m, c) in means.iter_mut().zip(&self.clients) {
             *m = c.1 / c.2 as f64;
         }
         let means = &mut means[..n];
-        means.sort_by(f64::total_cmp);
-        means.get(n / 2).copied()
+        if n == 0 {
+            return None;
+        }
+        Some(*means.select_nth_unstable_by(n / 2, f64::total_cmp).1)
     }
 
     /// The baseline in seconds, `None` before any sample.
     pub fn value(&self) -> Option<f64> {
         if self.done.is_empty() {
-            self.current()
+            self.current
         } else {
             self.done.iter().copied().reduce(f64::min)
         }
