@@ -337,3 +337,61 @@ async fn a_fresh_self_declared_identity_per_call_is_no_escape() {
     );
     assert!(one < 600, "the runaway is cut: {one}");
 }
+
+/// A body with a key twice is read as the servers that will run it read it: JSON.parse,
+/// Python's json and serde_json's `Value` keep the last value. A duplicate `method` (or a
+/// `params.name` twice, or a key spelled with an escape) is classified and charged like any
+/// call, not forwarded unclassified past every stage to a server that runs it.
+#[tokio::test(start_paused = true)]
+async fn a_key_sent_twice_is_no_way_past_the_stack() {
+    let mut c = Config::default();
+    c.features.tenant_budgets = false;
+    c.budget.stable_budget = 1.0;
+    c.budget.burst = Some(1.0);
+    let control = stormgate::control::Control::new(c).unwrap();
+    // A server that reads bodies as JSON.parse does (last value wins) and runs every call.
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let server = {
+        let ran = ran.clone();
+        tower::service_fn(move |req: Request<Body>| {
+            let ran = ran.clone();
+            async move {
+                let body = axum::body::to_bytes(req.into_body(), usize::MAX)
+                    .await
+                    .unwrap();
+                let msg: Value = serde_json::from_slice(&body).unwrap();
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let answer = json!({"jsonrpc":"2.0","id":msg["id"],"result":{"content":[]}});
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(Body::from(answer.to_string()))
+                        .unwrap(),
+                )
+            }
+        })
+    };
+    let svc = tower::Layer::layer(&control.layer(), server);
+    let bodies = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping","method":"tools/call","params":{"name":"cache_get"}}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"cache_get","name":"sql_scan"}}"#,
+        r#"{"jsonrpc":"2.0","id":3,"id":4,"method":"tools/call","params":{"name":"cache_get"}}"#,
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"cache_get"},"params":{"name":"sql_scan"}}"#,
+        r#"{"jsonrpc":"2.0","id":6,"\u006dethod":"tools/call","params":{"name":"cache_get"}}"#,
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"cache_get","arguments":{"k":1,"k":2}}}"#,
+    ];
+    let mut refusals = 0;
+    for body in bodies {
+        let req = Request::post("/mcp")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(Body::from(body))
+            .unwrap();
+        let res = svc.clone().oneshot(req).await.unwrap();
+        let (msg, _) = message(res).await;
+        refusals += usize::from(refused(&msg));
+    }
+    // A bucket of one: the first call runs, every other is refused before the server.
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(refusals, bodies.len() - 1);
+}

@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
@@ -31,37 +32,120 @@ pub(crate) struct Parsed<'a> {
     pub(crate) batch: bool,
 }
 
-#[derive(Deserialize)]
+/// One JSON-RPC message's fields, read in one pass. Read as the servers that run it read it
+/// (JSON.parse, Python's `json`, serde_json's `Value`): a key sent twice keeps its last value,
+/// keys are compared unescaped, and a field of an unexpected type is absent rather than an
+/// error. So no spelling of a call a server would run is unclassified here.
+#[derive(Default)]
 struct Wire<'a> {
-    #[serde(borrow, default)]
     jsonrpc: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "present")]
+    /// `Some` for any present value, `null` included.
     id: Option<&'a RawValue>,
-    #[serde(borrow, default)]
     method: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    params: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
+    params: Params<'a>,
     result: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
     error: Option<&'a RawValue>,
 }
 
-#[derive(Deserialize, Default)]
+/// The fields of `params` read (when it is an object; otherwise none), last value winning.
+#[derive(Default)]
 struct Params<'a> {
-    #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     uri: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "_meta")]
     meta: Option<&'a RawValue>,
-    #[serde(borrow, default)]
     arguments: Option<&'a RawValue>,
 }
 
-/// `Some` for any present value, `null` included (a plain `Option` would read `null` as absent).
-fn present<'de, D: Deserializer<'de>>(de: D) -> Result<Option<&'de RawValue>, D::Error> {
-    <&'de RawValue>::deserialize(de).map(Some)
+/// A JSON string's text, borrowed when it has no escapes; `None` for any other value.
+fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
+    let json = raw.get();
+    let inner = json.strip_prefix('"')?.strip_suffix('"')?;
+    if inner.contains('\\') {
+        serde_json::from_str::<String>(json).ok().map(Cow::Owned)
+    } else {
+        Some(Cow::Borrowed(inner))
+    }
+}
+
+impl<'de> Deserialize<'de> for Wire<'de> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = Wire<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON-RPC message")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Wire<'de>, A::Error> {
+                let mut wire = Wire::default();
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    match &*key {
+                        "jsonrpc" => wire.jsonrpc = text(map.next_value()?),
+                        "id" => wire.id = Some(map.next_value()?),
+                        "method" => wire.method = text(map.next_value()?),
+                        "params" => wire.params = map.next_value()?,
+                        "result" => wire.result = Some(map.next_value()?),
+                        "error" => wire.error = Some(map.next_value()?),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(wire)
+            }
+        }
+        de.deserialize_map(Fields)
+    }
+}
+
+impl<'de> Deserialize<'de> for Params<'de> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = Params<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Params<'de>, A::Error> {
+                let mut params = Params::default();
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    match &*key {
+                        "name" => params.name = text(map.next_value()?),
+                        "uri" => params.uri = text(map.next_value()?),
+                        "_meta" => params.meta = Some(map.next_value()?),
+                        "arguments" => params.arguments = Some(map.next_value()?),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(params)
+            }
+            // Not an object: no fields.
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Params<'de>, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Params::default())
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Params<'de>, E> {
+                Ok(Params::default())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Params<'de>, E> {
+                Ok(Params::default())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Params<'de>, E> {
+                Ok(Params::default())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Params<'de>, E> {
+                Ok(Params::default())
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Params<'de>, E> {
+                Ok(Params::default())
+            }
+            fn visit_unit<E>(self) -> Result<Params<'de>, E> {
+                Ok(Params::default())
+            }
+        }
+        de.deserialize_any(Fields)
+    }
 }
 
 fn first_byte(raw: &str) -> Option<u8> {
@@ -142,11 +226,7 @@ fn message(wire: Wire<'_>, span: Range<usize>) -> Option<Message<'_>> {
         (None, Some(_)) if wire.result.is_some() || wire.error.is_some() => CallKind::Response,
         _ => return None,
     };
-    let params = wire
-        .params
-        .filter(|p| first_byte(p.get()) == Some(b'{'))
-        .and_then(|p| serde_json::from_str::<Params<'_>>(p.get()).ok())
-        .unwrap_or_default();
+    let params = wire.params;
     Some(Message {
         kind,
         id: wire.id,
@@ -162,6 +242,117 @@ fn message(wire: Wire<'_>, span: Range<usize>) -> Option<Message<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    /// A JSON value as text, from a small vocabulary (strings with and without escapes).
+    fn scalar() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(r#""2.0""#.to_owned()),
+            Just(r#""tools/call""#.to_owned()),
+            Just(r#""tools\/call""#.to_owned()),
+            Just(r#""ping""#.to_owned()),
+            Just(r#""sql_scan""#.to_owned()),
+            Just(r#""s\u0071l""#.to_owned()),
+            Just("7".to_owned()),
+            Just("null".to_owned()),
+            Just("true".to_owned()),
+            Just("[1,{\"a\":2}]".to_owned()),
+            Just("{\"code\":-1}".to_owned()),
+        ]
+    }
+
+    /// An object as text whose keys (spelled plainly or with an escape) may repeat.
+    fn object(
+        keys: &'static [&'static str],
+        value: BoxedStrategy<String>,
+    ) -> BoxedStrategy<String> {
+        proptest::collection::vec((proptest::sample::select(keys), value), 0..7)
+            .prop_map(|pairs| {
+                let fields: Vec<String> =
+                    pairs.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                format!("{{{}}}", fields.join(","))
+            })
+            .boxed()
+    }
+
+    fn message_text() -> BoxedStrategy<String> {
+        const PARAMS: &[&str] = &["name", "uri", "_meta", "arguments", "n\\u0061me", "x"];
+        const TOP: &[&str] = &[
+            "jsonrpc",
+            "jsonrpc",
+            "id",
+            "method",
+            "method",
+            "m\\u0065thod",
+            "params",
+            "params",
+            "result",
+            "error",
+            "x",
+        ];
+        let params = object(PARAMS, scalar().boxed());
+        let value = prop_oneof![3 => scalar(), 2 => params].boxed();
+        object(TOP, value)
+    }
+
+    /// What a message is read as: its kind, id, method and `params.name`.
+    type Read = (CallKind, Option<Value>, Option<String>, Option<String>);
+
+    /// The reference: the body as a `Value` (last value wins), its fields read from that.
+    fn reference(body: &str) -> Option<Read> {
+        let v: Value = serde_json::from_str(body).unwrap();
+        if v.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return None;
+        }
+        let method = v.get("method").and_then(Value::as_str).map(str::to_owned);
+        let id = v.get("id").cloned();
+        let kind = match (&method, &id) {
+            (Some(_), Some(_)) => CallKind::Request,
+            (Some(_), None) => CallKind::Notification,
+            (None, Some(_)) if v.get("result").is_some() || v.get("error").is_some() => {
+                CallKind::Response
+            }
+            _ => return None,
+        };
+        let name = v
+            .get("params")
+            .and_then(|p| p.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        Some((kind, id, method, name))
+    }
+
+    proptest! {
+        /// Whatever keys repeat, however they are spelled and whatever their types, a message
+        /// is read as a last-value-wins `Value` reads it.
+        #[test]
+        fn a_message_is_read_as_a_value_reads_it(body in message_text()) {
+            let got = parse(body.as_bytes()).ok().map(|p| {
+                let m = &p.messages[0];
+                (
+                    m.kind,
+                    m.id.map(|i| serde_json::from_str::<Value>(i.get()).unwrap()),
+                    m.method.as_deref().map(str::to_owned),
+                    m.name.as_deref().map(str::to_owned),
+                )
+            });
+            prop_assert_eq!(got, reference(&body), "{}", body);
+        }
+    }
+
+    #[test]
+    fn a_key_sent_twice_keeps_its_last_value() {
+        let body = br#"{"jsonrpc":"2.0","id":1,"id":2,"method":"ping","method":"tools/call","params":{"name":"a","name":5,"name":"sql_scan"}}"#;
+        let m = &parse(body).unwrap().messages[0];
+        assert_eq!(m.id.unwrap().get(), "2");
+        assert_eq!(m.method.as_deref(), Some("tools/call"));
+        assert_eq!(m.name.as_deref(), Some("sql_scan"));
+        let body = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","arguments":{}},"params":[1]}"#;
+        let m = &parse(body).unwrap().messages[0];
+        assert_eq!(m.name, None, "the last params is not an object");
+        assert!(m.arguments.is_none());
+    }
 
     #[test]
     fn single_request() {
