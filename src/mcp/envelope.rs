@@ -67,6 +67,50 @@ fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
     }
 }
 
+/// A key of a message or of its `params`, as one of the fields read: compared unescaped,
+/// without keeping it.
+enum Field {
+    Jsonrpc,
+    Id,
+    Method,
+    Params,
+    Result,
+    Error,
+    Name,
+    Uri,
+    Meta,
+    Arguments,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Field {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl Visitor<'_> for Key {
+            type Value = Field;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E>(self, key: &str) -> Result<Field, E> {
+                Ok(match key {
+                    "jsonrpc" => Field::Jsonrpc,
+                    "id" => Field::Id,
+                    "method" => Field::Method,
+                    "params" => Field::Params,
+                    "result" => Field::Result,
+                    "error" => Field::Error,
+                    "name" => Field::Name,
+                    "uri" => Field::Uri,
+                    "_meta" => Field::Meta,
+                    "arguments" => Field::Arguments,
+                    _ => Field::Other,
+                })
+            }
+        }
+        de.deserialize_identifier(Key)
+    }
+}
+
 impl<'de> Deserialize<'de> for Wire<'de> {
     fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
         struct Fields;
@@ -77,14 +121,14 @@ impl<'de> Deserialize<'de> for Wire<'de> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Wire<'de>, A::Error> {
                 let mut wire = Wire::default();
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                    match &*key {
-                        "jsonrpc" => wire.jsonrpc = text(map.next_value()?),
-                        "id" => wire.id = Some(map.next_value()?),
-                        "method" => wire.method = text(map.next_value()?),
-                        "params" => wire.params = map.next_value()?,
-                        "result" => wire.result = Some(map.next_value()?),
-                        "error" => wire.error = Some(map.next_value()?),
+                while let Some(key) = map.next_key::<Field>()? {
+                    match key {
+                        Field::Jsonrpc => wire.jsonrpc = text(map.next_value()?),
+                        Field::Id => wire.id = Some(map.next_value()?),
+                        Field::Method => wire.method = text(map.next_value()?),
+                        Field::Params => wire.params = map.next_value()?,
+                        Field::Result => wire.result = Some(map.next_value()?),
+                        Field::Error => wire.error = Some(map.next_value()?),
                         _ => {
                             map.next_value::<IgnoredAny>()?;
                         }
@@ -107,12 +151,12 @@ impl<'de> Deserialize<'de> for Params<'de> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Params<'de>, A::Error> {
                 let mut params = Params::default();
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                    match &*key {
-                        "name" => params.name = text(map.next_value()?),
-                        "uri" => params.uri = text(map.next_value()?),
-                        "_meta" => params.meta = Some(map.next_value()?),
-                        "arguments" => params.arguments = Some(map.next_value()?),
+                while let Some(key) = map.next_key::<Field>()? {
+                    match key {
+                        Field::Name => params.name = text(map.next_value()?),
+                        Field::Uri => params.uri = text(map.next_value()?),
+                        Field::Meta => params.meta = Some(map.next_value()?),
+                        Field::Arguments => params.arguments = Some(map.next_value()?),
                         _ => {
                             map.next_value::<IgnoredAny>()?;
                         }
