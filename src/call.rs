@@ -513,14 +513,6 @@ pub const MAX_ID_LEN: usize = 128;
 /// `id` as stored: as it is up to [`MAX_ID_LEN`] bytes, else `~` and a 64-bit hash of it (so a
 /// megabyte of `Mcp-Session-Id` costs 17 bytes wherever the id is kept or logged, and long
 /// ids stay apart).
-/// [`bounded`], of a shared name: the name itself (shared, not copied) when it fits.
-pub(crate) fn bounded_name(name: &Arc<str>) -> Arc<str> {
-    match bounded(name) {
-        Cow::Borrowed(_) => name.clone(),
-        Cow::Owned(hashed) => hashed.into(),
-    }
-}
-
 pub(crate) fn bounded(id: &str) -> Cow<'_, str> {
     if id.len() <= MAX_ID_LEN {
         return Cow::Borrowed(id);
@@ -529,6 +521,14 @@ pub(crate) fn bounded(id: &str) -> Cow<'_, str> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     id.hash(&mut h);
     Cow::Owned(format!("~{:016x}", h.finish()))
+}
+
+/// [`bounded`], of a shared name: the name itself (shared, not copied) when it fits.
+pub(crate) fn bounded_name(name: &Arc<str>) -> Arc<str> {
+    match bounded(name) {
+        Cow::Borrowed(_) => name.clone(),
+        Cow::Owned(hashed) => hashed.into(),
+    }
 }
 
 #[cfg(test)]

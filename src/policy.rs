@@ -62,16 +62,6 @@ pub enum Off {
     PassThrough,
 }
 
-impl Off {
-    /// The snake_case name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Off::Measure => "measure",
-            Off::PassThrough => "pass_through",
-        }
-    }
-}
-
 /// One switch per feature, each on by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

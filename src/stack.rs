@@ -87,9 +87,9 @@ enum Route {
     Bare,
 }
 
-/// The service [`StackLayer`] makes of `S`: every request through the [`Protected`] stages, or, while
-/// the policy [passes through](crate::control::Policy::passes_through), straight to `S`
-/// untouched. The way is chosen in `poll_ready` from the policy then, and only that way is
+/// The service [`StackLayer`] makes of `S`: every request through the [`Protected`] stages,
+/// or, while the policy [passes through](crate::control::Policy::passes_through), straight to
+/// `S` untouched. The way is chosen in `poll_ready` from the policy then, and only that way is
 /// readied.
 #[derive(Clone)]
 pub struct StackService<S> {
