@@ -2,7 +2,7 @@
 
 use crate::error::ConfigError;
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -382,6 +382,8 @@ struct Inner {
     /// Each tool's healthy service time, by a keyed hash of its name.
     tool_latency: ToolBaselines,
     top: Mutex<Vec<SessionSummary>>,
+    /// The key of every resource key's hash, random per guard.
+    keys: RandomState,
 }
 
 impl std::fmt::Debug for SessionGuard {
@@ -420,6 +422,7 @@ impl SessionGuard {
                 pools: Bounded::new(),
                 tool_latency: ToolBaselines::new(),
                 top: Mutex::new(Vec::new()),
+                keys: RandomState::new(),
                 config: Live::new(config),
             }),
         };
@@ -509,7 +512,7 @@ impl SessionGuard {
     ///
     /// [`MAX_HASHED_ARGS`]: super::MAX_HASHED_ARGS
     pub fn resource_key(&self, call: &Call) -> u64 {
-        let mut h = DefaultHasher::new();
+        let mut h = self.inner.keys.build_hasher();
         call.method.hash(&mut h);
         call.target().hash(&mut h);
         if let (Some(tool), Some(args)) = (call.tool.as_deref(), call.arguments.as_deref())
@@ -517,7 +520,7 @@ impl SessionGuard {
         {
             let config = self.config_of(call);
             let pointers = config.resource_keys.get(tool).map(Vec::as_slice);
-            hash_arguments(args, pointers, &mut h);
+            hash_arguments(args, pointers, &self.inner.keys, &mut h);
         }
         h.finish()
     }

@@ -7,9 +7,12 @@
 //! [`MAX_HASHED_ARGS`] bytes as they are (and their length): the guard's cost per call is
 //! bounded whatever a client sends. Configured JSON pointers read a parsed tree, but only of
 //! arguments up to that size.
+//!
+//! Every hash is SipHash under a key random per guard, so a client cannot choose arguments
+//! that collide: ever-new calls made to share a key would hide a flailing session's diversity.
 
-use std::fmt;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::fmt::{self, Write as _};
+use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState};
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
@@ -19,8 +22,13 @@ pub const MAX_HASHED_ARGS: usize = 64 * 1024;
 
 /// Hashes the arguments `args` (JSON text, not yet checked) into `h`: canonically, or by their
 /// bounded raw prefix when too long or not JSON. Bytes past the bound are never read, not even
-/// to check they are UTF-8.
-pub(crate) fn hash_arguments(args: &[u8], pointers: Option<&[String]>, h: &mut DefaultHasher) {
+/// to check they are UTF-8. `keys` keys every hash of the canonical form.
+pub(crate) fn hash_arguments(
+    args: &[u8],
+    pointers: Option<&[String]>,
+    keys: &RandomState,
+    h: &mut DefaultHasher,
+) {
     if args.len() > MAX_HASHED_ARGS {
         return raw(args, h);
     }
@@ -29,7 +37,7 @@ pub(crate) fn hash_arguments(args: &[u8], pointers: Option<&[String]>, h: &mut D
             Ok(value) => {
                 for p in pointers {
                     match value.pointer(p) {
-                        Some(v) => canonical_value(v).hash(h),
+                        Some(v) => canonical_value(keys, v).hash(h),
                         None => h.write_u8(0),
                     }
                 }
@@ -38,7 +46,7 @@ pub(crate) fn hash_arguments(args: &[u8], pointers: Option<&[String]>, h: &mut D
         },
         None => {
             let mut de = serde_json::Deserializer::from_slice(args);
-            match Canonical
+            match Canonical(keys)
                 .deserialize(&mut de)
                 .and_then(|v| de.end().map(|()| v))
             {
@@ -56,60 +64,73 @@ fn raw(args: &[u8], h: &mut DefaultHasher) {
     h.write_usize(args.len());
 }
 
-fn mix(tag: u8, f: impl FnOnce(&mut DefaultHasher)) -> u64 {
-    let mut h = DefaultHasher::new();
+fn mix(keys: &RandomState, tag: u8, f: impl FnOnce(&mut DefaultHasher)) -> u64 {
+    let mut h = keys.build_hasher();
     h.write_u8(tag);
     f(&mut h);
     h.finish()
 }
 
 /// The canonical hash of a parsed value (the same as [`Canonical`] gives its text).
-fn canonical_value(v: &Value) -> u64 {
+fn canonical_value(keys: &RandomState, v: &Value) -> u64 {
     match v {
-        Value::Null => mix(b'n', |_| {}),
-        Value::Bool(b) => mix(b'b', |h| b.hash(h)),
-        Value::Number(n) => number(n),
-        Value::String(s) => string(s),
-        Value::Array(items) => mix(b'[', |h| {
+        Value::Null => mix(keys, b'n', |_| {}),
+        Value::Bool(b) => mix(keys, b'b', |h| b.hash(h)),
+        Value::Number(n) => number(keys, n),
+        Value::String(s) => string(keys, s),
+        Value::Array(items) => mix(keys, b'[', |h| {
             for i in items {
-                h.write_u64(canonical_value(i));
+                h.write_u64(canonical_value(keys, i));
             }
         }),
         Value::Object(map) => object(
+            keys,
             map.iter()
-                .map(|(k, v)| member(key_hash(k), canonical_value(v))),
+                .map(|(k, v)| member(keys, key_hash(keys, k), canonical_value(keys, v))),
         ),
     }
 }
 
-fn number(n: &serde_json::Number) -> u64 {
-    mix(b'#', |h| n.to_string().hash(h))
+/// A number by its JSON text, written straight into the hasher (no `String`).
+fn number(keys: &RandomState, n: &serde_json::Number) -> u64 {
+    /// Hashes the text written to it.
+    struct Text<'a>(&'a mut DefaultHasher);
+    impl fmt::Write for Text<'_> {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            self.0.write(s.as_bytes());
+            Ok(())
+        }
+    }
+    mix(keys, b'#', |h| {
+        // Writing into a hasher cannot fail.
+        let _ = write!(Text(h), "{n}");
+    })
 }
 
-fn string(s: &str) -> u64 {
-    mix(b's', |h| s.hash(h))
+fn string(keys: &RandomState, s: &str) -> u64 {
+    mix(keys, b's', |h| s.hash(h))
 }
 
-fn key_hash(key: &str) -> u64 {
-    mix(b'k', |h| key.hash(h))
+fn key_hash(keys: &RandomState, key: &str) -> u64 {
+    mix(keys, b'k', |h| key.hash(h))
 }
 
-fn member(key: u64, value: u64) -> u64 {
-    mix(b':', |h| {
+fn member(keys: &RandomState, key: u64, value: u64) -> u64 {
+    mix(keys, b':', |h| {
         h.write_u64(key);
         h.write_u64(value);
     })
 }
 
-fn object(members: impl Iterator<Item = u64>) -> u64 {
+fn object(keys: &RandomState, members: impl Iterator<Item = u64>) -> u64 {
     let sum = members.fold(0u64, u64::wrapping_add);
-    mix(b'{', |h| h.write_u64(sum))
+    mix(keys, b'{', |h| h.write_u64(sum))
 }
 
-/// Deserializes any JSON value into its canonical hash.
-struct Canonical;
+/// Deserializes any JSON value into its canonical hash under its keys.
+struct Canonical<'a>(&'a RandomState);
 
-impl<'de> DeserializeSeed<'de> for Canonical {
+impl<'de> DeserializeSeed<'de> for Canonical<'_> {
     type Value = u64;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
@@ -117,7 +138,7 @@ impl<'de> DeserializeSeed<'de> for Canonical {
     }
 }
 
-impl<'de> Visitor<'de> for Canonical {
+impl<'de> Visitor<'de> for Canonical<'_> {
     type Value = u64;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -125,34 +146,34 @@ impl<'de> Visitor<'de> for Canonical {
     }
 
     fn visit_unit<E>(self) -> Result<u64, E> {
-        Ok(canonical_value(&Value::Null))
+        Ok(canonical_value(self.0, &Value::Null))
     }
 
     fn visit_bool<E>(self, b: bool) -> Result<u64, E> {
-        Ok(canonical_value(&Value::Bool(b)))
+        Ok(canonical_value(self.0, &Value::Bool(b)))
     }
 
     fn visit_i64<E>(self, n: i64) -> Result<u64, E> {
-        Ok(number(&n.into()))
+        Ok(number(self.0, &n.into()))
     }
 
     fn visit_u64<E>(self, n: u64) -> Result<u64, E> {
-        Ok(number(&n.into()))
+        Ok(number(self.0, &n.into()))
     }
 
     fn visit_f64<E: de::Error>(self, n: f64) -> Result<u64, E> {
         let n = serde_json::Number::from_f64(n).ok_or_else(|| E::custom("not a JSON number"))?;
-        Ok(number(&n))
+        Ok(number(self.0, &n))
     }
 
     fn visit_str<E>(self, s: &str) -> Result<u64, E> {
-        Ok(string(s))
+        Ok(string(self.0, s))
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
-        let mut h = DefaultHasher::new();
+        let mut h = self.0.build_hasher();
         h.write_u8(b'[');
-        while let Some(item) = seq.next_element_seed(Canonical)? {
+        while let Some(item) = seq.next_element_seed(Canonical(self.0))? {
             h.write_u64(item);
         }
         Ok(h.finish())
@@ -160,18 +181,18 @@ impl<'de> Visitor<'de> for Canonical {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<u64, A::Error> {
         let mut sum = 0u64;
-        while let Some(key) = map.next_key_seed(Key)? {
-            let value = map.next_value_seed(Canonical)?;
-            sum = sum.wrapping_add(member(key, value));
+        while let Some(key) = map.next_key_seed(Key(self.0))? {
+            let value = map.next_value_seed(Canonical(self.0))?;
+            sum = sum.wrapping_add(member(self.0, key, value));
         }
-        Ok(mix(b'{', |h| h.write_u64(sum)))
+        Ok(mix(self.0, b'{', |h| h.write_u64(sum)))
     }
 }
 
 /// Deserializes an object key into its hash, borrowing it when it has no escapes.
-struct Key;
+struct Key<'a>(&'a RandomState);
 
-impl<'de> DeserializeSeed<'de> for Key {
+impl<'de> DeserializeSeed<'de> for Key<'_> {
     type Value = u64;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
@@ -179,7 +200,7 @@ impl<'de> DeserializeSeed<'de> for Key {
     }
 }
 
-impl<'de> Visitor<'de> for Key {
+impl<'de> Visitor<'de> for Key<'_> {
     type Value = u64;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -187,7 +208,7 @@ impl<'de> Visitor<'de> for Key {
     }
 
     fn visit_str<E>(self, s: &str) -> Result<u64, E> {
-        Ok(key_hash(s))
+        Ok(key_hash(self.0, s))
     }
 }
 
@@ -196,10 +217,31 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn key(args: &str) -> u64 {
-        let mut h = DefaultHasher::new();
-        hash_arguments(args.as_bytes(), None, &mut h);
+    thread_local!(static KEYS: RandomState = RandomState::new());
+
+    fn key_under(keys: &RandomState, args: &str) -> u64 {
+        let mut h = keys.build_hasher();
+        hash_arguments(args.as_bytes(), None, keys, &mut h);
         h.finish()
+    }
+
+    fn key(args: &str) -> u64 {
+        KEYS.with(|keys| key_under(keys, args))
+    }
+
+    #[test]
+    fn keys_are_random_per_guard_and_numbers_hash_by_their_text() {
+        let (a, b) = (RandomState::new(), RandomState::new());
+        let args = r#"{"q":"orders","n":[1,2.5,-3]}"#;
+        assert_eq!(key_under(&a, args), key_under(&a, args));
+        assert_ne!(key_under(&a, args), key_under(&b, args));
+        assert_eq!(key(r#"{"n":10}"#), key(r#"{ "n" : 10 }"#));
+        assert_ne!(key(r#"{"n":10}"#), key(r#"{"n":11}"#));
+        assert_ne!(
+            key(r#"{"n":10}"#),
+            key(r#"{"n":"10"}"#),
+            "a number is not its string"
+        );
     }
 
     #[test]
@@ -232,9 +274,12 @@ mod tests {
         #[test]
         fn streaming_equals_the_tree(v in arb_json()) {
             let text = v.to_string();
-            let mut h = DefaultHasher::new();
-            canonical_value(&v).hash(&mut h);
-            prop_assert_eq!(key(&text), h.finish());
+            let (want, got) = KEYS.with(|keys| {
+                let mut h = keys.build_hasher();
+                canonical_value(keys, &v).hash(&mut h);
+                (h.finish(), key_under(keys, &text))
+            });
+            prop_assert_eq!(got, want);
         }
     }
 
