@@ -27,7 +27,9 @@
 //! a call's work is done on that thread.
 //!
 //! Every budget is far above the offered rate: the admit path is measured, never a refusal
-//! (checked before and after the stack group).
+//! (checked before and after the stack group). Every session is accepted, as a real server's
+//! are at `initialize`, so calls are charged to their session's own state: the session table
+//! is measured, not the tenants' unverified pools.
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -152,6 +154,9 @@ fn config() -> Config {
     config.tenants.min_budget = Some(HUGE / 100.0);
     config.sessions.base_budget = HUGE;
     config.sessions.burst = HUGE;
+    // Every session is accepted at its first answer, as a real server's sessions are at
+    // `initialize`: the session table is measured, not the tenant's unverified pool.
+    config.sessions.new_session_burst = HUGE;
     config
 }
 
@@ -242,6 +247,13 @@ fn warmed_with(
     assert_admitted(rt, &protected, sessions);
     control.stages().budget.tick();
     assert_admitted(rt, &protected, sessions);
+    if mode == Mode::Adaptive {
+        assert_eq!(
+            control.sessions().len(),
+            sessions.len(),
+            "every session accepted"
+        );
+    }
     (control, protected)
 }
 
@@ -416,14 +428,27 @@ fn budget(tenants: bool, max_tenants: usize) -> Budget {
     .build()
 }
 
-fn guard(max_sessions: usize) -> SessionGuard {
+/// A guard with room for `max` sessions and tenants, every newcomer accepted at once.
+fn guard(max: usize) -> SessionGuard {
     SessionGuard::new(SessionConfig {
         base_budget: HUGE,
         burst: HUGE,
-        max_sessions,
+        max_sessions: max,
+        max_tenants: max,
+        new_session_burst: HUGE,
         ..SessionConfig::default()
     })
     .unwrap()
+}
+
+/// Every session of `w` accepted by `guard`, as the MCP server accepts them at
+/// `initialize`: calls are then charged to their own session's state.
+fn accept_all(guard: &SessionGuard, w: &mut Workload) {
+    for i in 0..w.len() {
+        let call = w.set(i);
+        assert!(guard.accept(&call.session, &call.tenant));
+    }
+    assert_eq!(guard.len(), w.len());
 }
 
 /// The limiter as the stack has it for `cache_get` (no limits configured), or with a
@@ -471,6 +496,7 @@ impl Stormgate {
 
     /// Every session and tenant of `w` tracked, and tenant shares allocated.
     fn populate(&self, rt: &Runtime, w: &mut Workload) {
+        accept_all(&self.sessions, w);
         rt.block_on(async {
             for i in 0..w.len() {
                 let call = w.set(i).clone();
@@ -519,6 +545,7 @@ fn per_layer(c: &mut Criterion) {
     }
 
     let s = guard(100_000);
+    accept_all(&s, &mut w);
     for i in 0..w.len() {
         drop(s.admit(w.set(i)).unwrap());
     }
