@@ -75,6 +75,8 @@ mod policy;
 mod protocol;
 pub mod rejection;
 mod schemas;
+#[cfg(unix)]
+pub mod serve;
 mod snapshot;
 mod sse;
 pub mod stack;
