@@ -67,6 +67,7 @@ mod duration_ms;
 pub mod entropy;
 mod error;
 pub mod fifo;
+pub mod gateway;
 pub mod idempotency;
 pub mod mcp;
 pub mod metrics;
