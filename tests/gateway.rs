@@ -285,7 +285,10 @@ async fn sse_events_pass_one_by_one_and_a_client_that_goes_drops_the_upstream_st
         .header("last-event-id", "41")
         .body(Body::empty())
         .unwrap();
-    let answer = client().request(req).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), client().request(req))
+        .await
+        .expect("the stream's headers come at once")
+        .unwrap();
     assert_eq!(answer.status(), StatusCode::OK);
     assert_eq!(answer.headers()["content-type"], "text/event-stream");
     let mut body = answer.into_body();

@@ -10,11 +10,18 @@ usage: python_server.py
 """
 
 import asyncio
+import logging
 import socket
 import sys
+import warnings
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
+
+# The SDK warns that logging is deprecated as of 2026-07-28; this server sends log messages on
+# purpose (handshake-era clients still read them). Its INFO logs would only clutter test output.
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+logging.basicConfig(level=logging.WARNING)
 
 POOL_SIZE = 2
 pool = asyncio.Semaphore(POOL_SIZE)
