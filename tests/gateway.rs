@@ -768,3 +768,45 @@ async fn the_binary_proxies_serves_metrics_and_exits_0_on_sigterm() {
     assert!(logs.contains("SIGTERM"), "{logs}");
     let _ = std::fs::remove_file(&config);
 }
+
+// ---------------------------------------------------------------------------------------
+// Reloads
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn the_gateway_section_cannot_change_while_running_and_a_document_without_it_keeps_it() {
+    let mut config = Config::default();
+    config.gateway = Some(GatewayConfig {
+        upstream: Some("http://127.0.0.1:8000/mcp".into()),
+        ..GatewayConfig::default()
+    });
+    let control = Control::new(config).unwrap();
+    let source = stormgate::control::Source::File;
+    // A file without [gateway] (the upstream came from the command line): applied, kept.
+    control
+        .reload_document("[sessions]\nburst = 3.0\n", source.clone())
+        .unwrap();
+    assert_eq!(control.config().sessions.burst, 3.0);
+    let running = control.config().gateway.clone().unwrap();
+    assert_eq!(
+        running.upstream.as_deref(),
+        Some("http://127.0.0.1:8000/mcp")
+    );
+    // [gateway] without an upstream keeps the running upstream: the same section is applied.
+    control
+        .reload_document("[sessions]\nburst = 4.0\n[gateway]\n", source.clone())
+        .unwrap();
+    assert_eq!(control.config().sessions.burst, 4.0);
+    // A different upstream, or different timeouts: refused by name, the running one stays.
+    for text in [
+        "[sessions]\nburst = 5.0\n[gateway]\nupstream = \"http://127.0.0.1:9000/mcp\"\n",
+        "[sessions]\nburst = 5.0\n[gateway]\nrequest_timeout_ms = 5\n",
+    ] {
+        let err = control.reload_document(text, source.clone()).unwrap_err();
+        let err = err.config_error().unwrap();
+        assert_eq!(err.field, "gateway", "{text}: {err}");
+        assert!(err.rule.contains("restart"), "{err}");
+        assert_eq!(control.config().sessions.burst, 4.0, "refused whole");
+        assert_eq!(control.config().gateway.as_ref(), Some(&running));
+    }
+}
