@@ -203,11 +203,13 @@ async fn mcp_headers_pass_both_ways_and_credentials_only_when_listed() {
     assert!(headers.get("keep-alive").is_none(), "{headers:?}");
 
     // Listed credentials pass, and only those.
-    let mut config = Config::default();
-    config.gateway = Some(GatewayConfig {
-        forward_headers: vec!["Authorization".into(), "x-api-key".into()],
-        ..GatewayConfig::default()
-    });
+    let config = Config {
+        gateway: Some(GatewayConfig {
+            forward_headers: vec!["Authorization".into(), "x-api-key".into()],
+            ..GatewayConfig::default()
+        }),
+        ..Config::default()
+    };
     let (url, _control) = gateway(&upstream_url, config).await;
     let answer = client()
         .request(post(&url, &list, &request_headers))
@@ -398,11 +400,13 @@ async fn an_upstream_slower_than_the_request_timeout_is_504_with_the_request_id(
         }),
     ))
     .await;
-    let mut config = Config::default();
-    config.gateway = Some(GatewayConfig {
-        request_timeout: Duration::from_millis(300),
-        ..GatewayConfig::default()
-    });
+    let config = Config {
+        gateway: Some(GatewayConfig {
+            request_timeout: Duration::from_millis(300),
+            ..GatewayConfig::default()
+        }),
+        ..Config::default()
+    };
     let (url, _control) = gateway(&format!("http://{upstream}/mcp"), config).await;
     let call = json!({"jsonrpc": "2.0", "id": "req-a", "method": "tools/call",
                       "params": {"name": "slow", "arguments": {}}});
@@ -640,7 +644,8 @@ fn bin() -> std::process::Command {
 
 #[test]
 fn the_binary_refuses_bad_input_with_exit_code_2_and_a_message() {
-    let cases: [(&[&str], &[(&str, &str)], &str); 6] = [
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 6] = [
         (&["--bogus"], &[], "unknown argument \"--bogus\""),
         (&["--upstream"], &[], "--upstream needs a value"),
         (&[], &[], "no upstream"),
@@ -775,11 +780,13 @@ async fn the_binary_proxies_serves_metrics_and_exits_0_on_sigterm() {
 
 #[test]
 fn the_gateway_section_cannot_change_while_running_and_a_document_without_it_keeps_it() {
-    let mut config = Config::default();
-    config.gateway = Some(GatewayConfig {
-        upstream: Some("http://127.0.0.1:8000/mcp".into()),
-        ..GatewayConfig::default()
-    });
+    let config = Config {
+        gateway: Some(GatewayConfig {
+            upstream: Some("http://127.0.0.1:8000/mcp".into()),
+            ..GatewayConfig::default()
+        }),
+        ..Config::default()
+    };
     let control = Control::new(config).unwrap();
     let source = stormgate::control::Source::File;
     // A file without [gateway] (the upstream came from the command line): applied, kept.
