@@ -29,7 +29,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
-use stormgate::control::{Config, Control};
+use stormgate::control::{Config, Control, Mode};
 use stormgate::gateway::{GatewayConfig, Proxy};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -816,4 +816,92 @@ fn the_gateway_section_cannot_change_while_running_and_a_document_without_it_kee
         assert_eq!(control.config().sessions.burst, 4.0, "refused whole");
         assert_eq!(control.config().gateway.as_ref(), Some(&running));
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The conformance suite
+// ---------------------------------------------------------------------------------------
+
+/// Per scenario, each check's id and status, from the suite's output directory.
+fn suite_results(
+    dir: &std::path::Path,
+) -> std::collections::BTreeMap<String, Vec<(String, String)>> {
+    let mut out = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        // "server-<scenario>-<24-character timestamp>"
+        let scenario = name[..name.len().saturating_sub(25)].to_owned();
+        let checks: Value =
+            serde_json::from_str(&std::fs::read_to_string(path.join("checks.json")).unwrap())
+                .unwrap();
+        let checks = checks
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["id"].as_str().unwrap().to_owned(),
+                    c["status"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        out.insert(scenario, checks);
+    }
+    out
+}
+
+/// The official conformance suite (pinned, installed by .ci/run) against `url`.
+async fn run_suite(
+    url: &str,
+    name: &str,
+) -> std::collections::BTreeMap<String, Vec<(String, String)>> {
+    let dir = common::node_dir();
+    let out = std::env::temp_dir().join(format!(
+        "stormgate-gateway-conformance-{}-{name}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&out);
+    let run = tokio::process::Command::new(format!("{dir}/node_modules/.bin/node"))
+        .current_dir(&dir)
+        .arg("node_modules/@modelcontextprotocol/conformance/dist/index.js")
+        .args(["server", "--url", url, "-o"])
+        .arg(&out)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .expect("the suite finished within 300 s")
+        .unwrap_or_else(|e| panic!("{dir}: {e} (.ci/run installs the suite there)"));
+    // The suite exits non-zero when a scenario fails; the results are in its directory.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("Total:"),
+        "the suite ran: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results = suite_results(&out);
+    let _ = std::fs::remove_dir_all(&out);
+    results
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_through_the_gateway_in_off_gives_the_upstreams_results() {
+    let upstream = ts_server().await;
+    let direct = run_suite(&upstream.url, "direct").await;
+    let config = Config {
+        mode: Mode::Off,
+        ..Config::default()
+    };
+    let (url, _control) = gateway(&upstream.url, config).await;
+    let through = run_suite(&url, "gateway").await;
+    assert!(direct.len() >= 20, "{} scenarios", direct.len());
+    assert!(
+        direct
+            .values()
+            .flatten()
+            .any(|(_, status)| status == "SUCCESS"),
+        "some checks pass"
+    );
+    assert_eq!(direct, through, "the gateway changes no conformance result");
 }
