@@ -102,13 +102,16 @@ pub async fn serve(
     .into_future();
     tokio::pin!(server);
     let name = tokio::select! {
+        // The signal first: when it came, the server may be done too (nothing in flight), and
+        // the signal is what happened.
+        biased;
+        name = drained => name.unwrap_or("signal"),
         done = &mut server => {
             // axum's server only returns on shutdown; without a signal it is an I/O failure
             // (or the shutdown future's sender went away, which cannot happen here).
             done.map_err(ServeError::Io)?;
             return Ok(Stopped::Drained { signal: "none" });
         }
-        name = drained => name.unwrap_or("signal"),
     };
     tracing::info!(
         signal = name,
