@@ -694,8 +694,9 @@ async fn the_binary_proxies_serves_metrics_and_exits_0_on_sigterm() {
     let config = std::env::temp_dir().join(format!("stormgate-gw-{}.toml", std::process::id()));
     std::fs::write(&config, "[admin]\ntoken = \"t0ken\"\n").unwrap();
     let mut child = tokio::process::Command::from(bin())
-        .args(["--listen", "127.0.0.1:0", "--config"])
+        .arg("--config")
         .arg(&config)
+        .env("STORMGATE_LISTEN", "127.0.0.1:0")
         .env("STORMGATE_UPSTREAM", format!("http://{upstream}/mcp"))
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -758,7 +759,31 @@ async fn the_binary_proxies_serves_metrics_and_exits_0_on_sigterm() {
         StatusCode::OK,
         "the admin routes are served"
     );
+    let mode = || async {
+        let req = Request::get(format!("http://{addr}/admin/mode"))
+            .header("authorization", "Bearer t0ken")
+            .body(Body::empty())
+            .unwrap();
+        json_of(client().request(req).await.unwrap()).await.2["mode"].clone()
+    };
+    assert_eq!(mode().await, "adaptive");
+    // The configuration file is reloaded (its watcher or SIGHUP, both sent here).
+    std::fs::write(&config, "mode = \"fixed\"\n[admin]\ntoken = \"t0ken\"\n").unwrap();
     let pid = child.id().unwrap().to_string();
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let mut reloaded = false;
+    for _ in 0..500 {
+        if mode().await == "fixed" {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(reloaded, "the file was reloaded within 5 s");
     let kill = std::process::Command::new("kill")
         .args(["-TERM", &pid])
         .status()
@@ -904,4 +929,73 @@ async fn the_conformance_suite_through_the_gateway_in_off_gives_the_upstreams_re
         "some checks pass"
     );
     assert_eq!(direct, through, "the gateway changes no conformance result");
+}
+
+/// An upstream that answers every JSON-RPC request with a result (or an error for the tool
+/// `fail`) carrying its id, and a session id on every answer.
+fn jsonrpc_upstream() -> Router {
+    Router::new().route(
+        "/mcp",
+        any(|body: Bytes| async move {
+            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let answer = if req["params"]["name"] == "fail" {
+                json!({"jsonrpc": "2.0", "id": req["id"],
+                       "error": {"code": -32603, "message": "the tool broke"}})
+            } else {
+                json!({"jsonrpc": "2.0", "id": req["id"],
+                       "result": {"content": [{"type": "text", "text": "ok"}],
+                                  "protocolVersion": "2025-06-18", "capabilities": {},
+                                  "serverInfo": {"name": "u", "version": "1"}}})
+            };
+            Response::builder()
+                .header("content-type", "application/json")
+                .header("mcp-session-id", "upstream-session-1")
+                .body(Body::from(answer.to_string()))
+                .unwrap()
+        }),
+    )
+}
+
+#[tokio::test]
+async fn outcomes_are_learned_from_the_upstreams_answers() {
+    let upstream = serve(jsonrpc_upstream()).await;
+    let (url, control) = gateway(&format!("http://{upstream}/mcp"), Config::default()).await;
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                      "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                 "clientInfo": {"name": "c", "version": "1"}}});
+    let (status, headers, _) =
+        json_of(client().request(post(&url, &init, &[])).await.unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["mcp-session-id"], "upstream-session-1");
+    let session = [
+        ("mcp-session-id", "upstream-session-1"),
+        ("mcp-protocol-version", "2025-06-18"),
+    ];
+    for (id, tool) in [(1, "echo"), (2, "fail")] {
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                          "params": {"name": tool, "arguments": {}}});
+        let (status, _, body) =
+            json_of(client().request(post(&url, &call, &session)).await.unwrap()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["id"], id);
+    }
+    // Learned when the answer's body ends on the gateway's side, which may be just after the
+    // client read it. (A JSON answer is learned only if the server polls the body to its end:
+    // before the proxy's `Streamed` body, hyper stopped at the last byte and the call was
+    // settled as cancelled, so the session was never accepted and nothing was learned.)
+    let session = stormgate::SessionId::new("upstream-session-1");
+    let outcome = |tool: &str| {
+        control
+            .audit()
+            .invocations(&session)
+            .iter()
+            .find(|i| i.target.as_deref() == Some(tool))
+            .and_then(|i| i.outcome)
+    };
+    until("both outcomes learned", || {
+        outcome("echo").is_some() && outcome("fail").is_some()
+    })
+    .await;
+    assert_eq!(outcome("echo"), Some("ok"));
+    assert_eq!(outcome("fail"), Some("error"));
 }
