@@ -320,29 +320,6 @@ pub(crate) fn failure_answer(failure: UpstreamFailure, calls: Option<&Calls>) ->
     response
 }
 
-pin_project_lite::pin_project! {
-    /// The upstream's answer body, passed frame by frame. It never says it has ended before
-    /// its last frame was read, nor how long it is: the server then polls it to its end, so the
-    /// stack's answer scan sees the end of every answer (hyper's `Incoming` reports its end as
-    /// soon as the last byte of a sized body is read, and the server would stop polling there).
-    struct Streamed<B> {
-        #[pin]
-        inner: B,
-    }
-}
-
-impl<B: http_body::Body> http_body::Body for Streamed<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
-        self.project().inner.poll_frame(cx)
-    }
-}
-
 /// The future of one proxied request. Dropping it drops the upstream request.
 pub struct ProxyFuture {
     inner: Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>,
@@ -383,10 +360,7 @@ impl tower::Service<Request<Body>> for Proxy {
                     Ok(Ok(answer)) => {
                         let (mut parts, body) = answer.into_parts();
                         strip_answer_headers(&mut parts.headers);
-                        return Ok(Response::from_parts(
-                            parts,
-                            Body::new(Streamed { inner: body }),
-                        ));
+                        return Ok(Response::from_parts(parts, Body::new(body)));
                     }
                     Ok(Err(e)) if e.is_connect() => UpstreamFailure::Connect,
                     Ok(Err(_)) => UpstreamFailure::Broken,

@@ -20,7 +20,7 @@ from mcp.server.mcpserver import Context, MCPServer
 
 # The SDK warns that logging is deprecated as of 2026-07-28; this server sends log messages on
 # purpose (handshake-era clients still read them). Its INFO logs would only clutter test output.
-warnings.filterwarnings("ignore", category=DeprecationWarning)
+warnings.filterwarnings("ignore", message=".*deprecated.*")
 logging.basicConfig(level=logging.WARNING)
 
 POOL_SIZE = 2
