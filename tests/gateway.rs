@@ -999,3 +999,43 @@ async fn outcomes_are_learned_from_the_upstreams_answers() {
     assert_eq!(outcome("echo"), Some("ok"));
     assert_eq!(outcome("fail"), Some("error"));
 }
+
+#[tokio::test]
+async fn a_deadline_cuts_a_proxied_call_and_drops_its_upstream_request() {
+    let dropped = Arc::new(AtomicBool::new(false));
+    let d = dropped.clone();
+    let upstream = serve(Router::new().route(
+        "/mcp",
+        any(move || {
+            let guard = Dropped(d.clone());
+            async move {
+                let _guard = guard;
+                std::future::pending::<()>().await;
+                "never"
+            }
+        }),
+    ))
+    .await;
+    let mut config = Config::default();
+    config.deadlines.tools_ms.insert("slow".into(), 200);
+    let (url, _control) = gateway(&format!("http://{upstream}/mcp"), config).await;
+    let call = json!({"jsonrpc": "2.0", "id": 11, "method": "tools/call",
+                      "params": {"name": "slow", "arguments": {}}});
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        client().request(post(&url, &call, &[])),
+    )
+    .await
+    .expect("the deadline answers, not the upstream")
+    .unwrap();
+    let (_, _, body) = json_of(answer).await;
+    assert_eq!(body["id"], 11, "{body}");
+    assert_eq!(
+        body["error"]["data"]["reason"], "deadline_exceeded",
+        "{body}"
+    );
+    until("the upstream request dropped", || {
+        dropped.load(Ordering::SeqCst)
+    })
+    .await;
+}
