@@ -1039,3 +1039,73 @@ async fn a_deadline_cuts_a_proxied_call_and_drops_its_upstream_request() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_counts_upstream_failures_in_its_metrics() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = tokio::process::Command::from(bin())
+        .args(["--listen", "127.0.0.1:0", "--upstream"])
+        .arg(format!("http://127.0.0.1:{port}/mcp"))
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                return rest.split('/').next().unwrap().to_owned();
+            }
+        }
+        panic!("the binary exited before listening");
+    })
+    .await
+    .expect("the binary listens within 10 s");
+    let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                      "params": {"name": "echo", "arguments": {}}});
+    for _ in 0..3 {
+        let (status, _, body) = json_of(
+            client()
+                .request(post(&format!("http://{addr}/mcp"), &call, &[]))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
+        assert_eq!(body["id"], 3);
+    }
+    let metrics = client()
+        .request(
+            Request::get(format!("http://{addr}/metrics"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let text = metrics.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    assert!(
+        text.lines().any(|l| l.starts_with(
+            "stormgate_gateway_upstream_failures_total{reason=\"upstream_unreachable\"}"
+        ) && l.ends_with(" 3")),
+        "{text}"
+    );
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exits within 10 s of SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    drain.abort();
+}

@@ -6,6 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -114,6 +115,23 @@ struct Upstream {
     host: HeaderValue,
     request_timeout: Duration,
     forward: Vec<HeaderName>,
+    /// When a failure was last logged (ms since `started`, 0: never): at most one a second.
+    last_warned: AtomicU64,
+    started: std::time::Instant,
+}
+
+impl Upstream {
+    /// Whether this failure is logged: the first, then at most one a second (a storm against
+    /// a dead upstream would otherwise write a line per request; the counter counts each).
+    fn should_warn(&self) -> bool {
+        let now = (self.started.elapsed().as_millis() as u64).max(1);
+        let last = self.last_warned.load(Ordering::Relaxed);
+        (last == 0 || now.saturating_sub(last) >= 1000)
+            && self
+                .last_warned
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
 }
 
 /// The transparent proxy to one upstream MCP server, as a tower service: put it inside the
@@ -187,6 +205,8 @@ impl Proxy {
                 host,
                 request_timeout: config.request_timeout,
                 forward: config.forward_header_names()?,
+                last_warned: AtomicU64::new(0),
+                started: std::time::Instant::now(),
             }),
         })
     }
@@ -366,12 +386,20 @@ impl tower::Service<Request<Body>> for Proxy {
                     Ok(Err(_)) => UpstreamFailure::Broken,
                     Err(_) => UpstreamFailure::Timeout,
                 };
-                tracing::warn!(
-                    reason = failure.as_str(),
-                    %method,
-                    upstream = %upstream.authority,
-                    "no answer from the upstream"
-                );
+                ::metrics::counter!(
+                    crate::metrics::GATEWAY_UPSTREAM_FAILURES,
+                    "reason" => failure.as_str()
+                )
+                .increment(1);
+                if upstream.should_warn() {
+                    tracing::warn!(
+                        reason = failure.as_str(),
+                        %method,
+                        upstream = %upstream.authority,
+                        "no answer from the upstream (logged at most once a second; \
+                         stormgate_gateway_upstream_failures_total counts every one)"
+                    );
+                }
                 Ok(failure_answer(failure, calls.as_ref()))
             }),
         }
