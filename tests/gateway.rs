@@ -388,6 +388,17 @@ async fn an_unreachable_upstream_is_502_with_the_request_id() {
     let (status, _, body) = json_of(client().request(get).await.unwrap()).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert_eq!(body["id"], Value::Null);
+    // In off with pass_through nothing is classified, so the id is not known: null (as
+    // documented).
+    let config = Config {
+        mode: Mode::Off,
+        off: stormgate::control::Off::PassThrough,
+        ..Config::default()
+    };
+    let (url, _control) = gateway(&format!("http://127.0.0.1:{port}/mcp"), config).await;
+    let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(body["id"], Value::Null, "{body}");
 }
 
 #[tokio::test]
