@@ -7,14 +7,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::body::Body;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::value::RawValue;
 
@@ -340,22 +340,56 @@ pub(crate) fn failure_answer(failure: UpstreamFailure, calls: Option<&Calls>) ->
     response
 }
 
-/// The future of one proxied request. Dropping it drops the upstream request.
-pub struct ProxyFuture {
-    inner: Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>,
+pin_project_lite::pin_project! {
+    /// The future of one proxied request (no box of its own): the upstream's answer, or the
+    /// gateway's error answer when none came. Dropping it drops the upstream request.
+    pub struct ProxyFuture {
+        #[pin]
+        sent: tokio::time::Timeout<ResponseFuture>,
+        calls: Option<Calls>,
+        method: http::Method,
+        upstream: Arc<Upstream>,
+    }
 }
 
 impl fmt::Debug for ProxyFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ProxyFuture").finish_non_exhaustive()
+        f.debug_struct("ProxyFuture")
+            .field("method", &self.method)
+            .finish_non_exhaustive()
     }
 }
 
 impl Future for ProxyFuture {
     type Output = Result<Response<Body>, Infallible>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let failure = match ready!(this.sent.poll(cx)) {
+            Ok(Ok(answer)) => {
+                let (mut parts, body) = answer.into_parts();
+                strip_answer_headers(&mut parts.headers);
+                return Poll::Ready(Ok(Response::from_parts(parts, Body::new(body))));
+            }
+            Ok(Err(e)) if e.is_connect() => UpstreamFailure::Connect,
+            Ok(Err(_)) => UpstreamFailure::Broken,
+            Err(_) => UpstreamFailure::Timeout,
+        };
+        ::metrics::counter!(
+            crate::metrics::GATEWAY_UPSTREAM_FAILURES,
+            "reason" => failure.as_str()
+        )
+        .increment(1);
+        if this.upstream.should_warn() {
+            tracing::warn!(
+                reason = failure.as_str(),
+                method = %this.method,
+                upstream = %this.upstream.authority,
+                "no answer from the upstream (logged at most once a second; \
+                 stormgate_gateway_upstream_failures_total counts every one)"
+            );
+        }
+        Poll::Ready(Ok(failure_answer(failure, this.calls.as_ref())))
     }
 }
 
@@ -373,35 +407,12 @@ impl tower::Service<Request<Body>> for Proxy {
         let method = req.method().clone();
         let out = self.outbound(req);
         let upstream = self.upstream.clone();
+        let sent = tokio::time::timeout(upstream.request_timeout, upstream.client.request(out));
         ProxyFuture {
-            inner: Box::pin(async move {
-                let sent = upstream.client.request(out);
-                let failure = match tokio::time::timeout(upstream.request_timeout, sent).await {
-                    Ok(Ok(answer)) => {
-                        let (mut parts, body) = answer.into_parts();
-                        strip_answer_headers(&mut parts.headers);
-                        return Ok(Response::from_parts(parts, Body::new(body)));
-                    }
-                    Ok(Err(e)) if e.is_connect() => UpstreamFailure::Connect,
-                    Ok(Err(_)) => UpstreamFailure::Broken,
-                    Err(_) => UpstreamFailure::Timeout,
-                };
-                ::metrics::counter!(
-                    crate::metrics::GATEWAY_UPSTREAM_FAILURES,
-                    "reason" => failure.as_str()
-                )
-                .increment(1);
-                if upstream.should_warn() {
-                    tracing::warn!(
-                        reason = failure.as_str(),
-                        %method,
-                        upstream = %upstream.authority,
-                        "no answer from the upstream (logged at most once a second; \
-                         stormgate_gateway_upstream_failures_total counts every one)"
-                    );
-                }
-                Ok(failure_answer(failure, calls.as_ref()))
-            }),
+            sent,
+            calls,
+            method,
+            upstream,
         }
     }
 }
