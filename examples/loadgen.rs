@@ -30,6 +30,16 @@
 //! The load generator and both servers share one tokio runtime and this machine's cores: the
 //! figures are a ratio between two variants under the same conditions, not the server's
 //! capacity.
+//!
+//! With `--gateway`, the variants are the gateway's instead (issue 19's overhead goal: at most
+//! 10% more process CPU per call in `off`, 15% in `adaptive`): the bare rmcp service called
+//! directly, and the same service behind `stormgate::gateway::Proxy` wrapped by the stack in
+//! `off` and in `adaptive` (the budgets raised as above), each gateway on its own port in this
+//! process, so the process CPU per call includes the proxy's own hop.
+//!
+//! ```text
+//! cargo run --release --example loadgen -- --gateway --duration 5 --connections 64 --rounds 3
+//! ```
 
 #[path = "mcp_server/app.rs"]
 mod app;
@@ -49,7 +59,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use stormgate::control::Config;
+use stormgate::control::{Config, Control, Mode};
+use stormgate::gateway::{GatewayConfig, Proxy};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -64,6 +75,8 @@ struct Args {
     connections: usize,
     /// Rounds of both variants.
     rounds: usize,
+    /// The gateway's variants instead (`--gateway`).
+    gateway: bool,
 }
 
 fn args() -> Args {
@@ -72,16 +85,23 @@ fn args() -> Args {
         warmup: 1.0,
         connections: 64,
         rounds: 3,
+        gateway: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--gateway" {
+            a.gateway = true;
+            continue;
+        }
         let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
             "--duration" => a.duration = number(&flag, &value),
             "--warmup" => a.warmup = number(&flag, &value),
             "--connections" => a.connections = number(&flag, &value),
             "--rounds" => a.rounds = number(&flag, &value),
-            _ => panic!("unknown flag {flag} (--duration, --warmup, --connections, --rounds)"),
+            _ => panic!(
+                "unknown flag {flag} (--duration, --warmup, --connections, --rounds, --gateway)"
+            ),
         }
     }
     assert!(a.connections > 0 && a.rounds > 0 && a.duration > 0.0);
@@ -295,17 +315,102 @@ fn row(name: &str, s: &Stats) {
     );
 }
 
+/// The example configuration with budgets no load here reaches.
+fn raised_config() -> Config {
+    let mut config = Config::load(Path::new(app::CONFIG)).unwrap();
+    config.budget.stable_budget = 1e9;
+    config.tenants.min_budget = Some(1e7);
+    config.sessions.base_budget = 1e9;
+    config.sessions.burst = 1e9;
+    config
+}
+
+/// `--gateway`: the bare service directly, then behind the gateway in `off` and `adaptive`.
+async fn gateway_main(a: Args) {
+    let upstream = serve(app::mcp_router(app::Backend::new())).await;
+    let mut tasks = Vec::new();
+    let mut gateway = |mode: Mode| {
+        let mut config = raised_config();
+        config.mode = mode;
+        let proxy = Proxy::new(&GatewayConfig {
+            upstream: Some(format!("http://{upstream}/mcp")),
+            ..GatewayConfig::default()
+        })
+        .unwrap();
+        let control = Control::new(config).unwrap();
+        tasks.extend(control.spawn());
+        control.wrap(Router::new().route_service("/mcp", proxy))
+    };
+    let off = gateway(Mode::Off);
+    let adaptive = gateway(Mode::Adaptive);
+    let variants = [
+        ("direct (bare rmcp)", upstream),
+        ("gateway, off", serve(off).await),
+        ("gateway, adaptive", serve(adaptive).await),
+    ];
+    let mut conns: Vec<Vec<(HttpClient, String)>> = Vec::new();
+    for (_, addr) in &variants {
+        let mut c = Vec::with_capacity(a.connections);
+        for _ in 0..a.connections {
+            c.push(connect(*addr).await);
+        }
+        conns.push(c);
+    }
+    println!(
+        "gateway: {} connections, {} rounds of {} s per variant (after {} s warmup each)",
+        a.connections, a.rounds, a.duration, a.warmup
+    );
+    let mut totals: Vec<Stats> = variants.iter().map(|_| Stats::new()).collect();
+    for round in 0..a.rounds {
+        for k in 0..variants.len() {
+            // Each round starts one variant later, to cancel drift.
+            let i = (k + round) % variants.len();
+            let s = run(&conns[i], variants[i].1, a).await;
+            println!(
+                "round {} {:<20} {:>8.0} req/s  p99 {:.3} ms  cpu {:.1} µs/call  ok {} refused {} failed {}",
+                round + 1,
+                variants[i].0,
+                s.throughput(),
+                s.p(0.99),
+                s.cpu_per_call(),
+                s.ok,
+                s.refused,
+                s.failed
+            );
+            totals[i].add(&s);
+        }
+    }
+    println!();
+    println!("| variant | req/s | p50 ms | p99 ms | CPU µs per call | ok | refused | failed |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for ((name, _), s) in variants.iter().zip(&totals) {
+        row(name, s);
+    }
+    println!();
+    let direct = &totals[0];
+    for (i, goal) in [(1, 1.10), (2, 1.15)] {
+        println!(
+            "{}: CPU per call {:.3}x direct (goal <= {goal:.2}), req/s {:.3}x, p99 {:+.3} ms",
+            variants[i].0,
+            totals[i].cpu_per_call() / direct.cpu_per_call(),
+            totals[i].throughput() / direct.throughput(),
+            totals[i].p(0.99) - direct.p(0.99),
+        );
+    }
+    drop(tasks);
+}
+
 #[tokio::main]
 async fn main() {
     let a = args();
     let metrics = stormgate::metrics::prometheus_builder()
         .install_recorder()
         .unwrap();
-    let mut config = Config::load(Path::new(app::CONFIG)).unwrap();
-    config.budget.stable_budget = 1e9;
-    config.tenants.min_budget = Some(1e7);
-    config.sessions.base_budget = 1e9;
-    config.sessions.burst = 1e9;
+    if a.gateway {
+        drop(metrics);
+        return gateway_main(a).await;
+    }
+    let config = raised_config();
     let (protected, control) = app::app(app::Backend::new(), config, metrics).unwrap();
     let _tasks = control.spawn();
     let with = serve(protected).await;
