@@ -693,6 +693,20 @@ fn the_binary_refuses_bad_input_with_exit_code_2_and_a_message() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("gateway.request_timeout_ms"), "{stderr}");
+    // The flag and the file disagree on the upstream: refused at start, not at every reload.
+    std::fs::write(
+        &config,
+        "[gateway]\nupstream = \"http://127.0.0.1:2/mcp\"\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args(["--upstream", "http://127.0.0.1:1/mcp"])
+        .env("STORMGATE_CONFIG", &config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("differ: give one"), "{stderr}");
     let _ = std::fs::remove_file(&config);
     let help = bin().arg("--help").output().unwrap();
     assert_eq!(help.status.code(), Some(0));
@@ -756,6 +770,10 @@ async fn the_binary_proxies_serves_metrics_and_exits_0_on_sigterm() {
     let text = metrics.into_body().collect().await.unwrap().to_bytes();
     let text = String::from_utf8_lossy(&text);
     assert!(text.contains("stormgate_messages_total"), "{text}");
+    assert!(
+        text.contains("stormgate_mode"),
+        "the gauges set at start are there: {text}"
+    );
     let admin = client()
         .request(
             Request::get(format!("http://{addr}/admin/mode"))

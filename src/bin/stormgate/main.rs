@@ -61,6 +61,13 @@ fn main() -> ExitCode {
     };
     let gateway = config.gateway.get_or_insert_with(Default::default);
     if let Some(upstream) = &options.upstream {
+        // Both given and different: every reload of the file would be refused (the upstream
+        // cannot change while running), so refuse it now, saying why.
+        if let Some(file) = gateway.upstream.as_ref().filter(|f| *f != upstream) {
+            return usage(format_args!(
+                "--upstream (or STORMGATE_UPSTREAM) {upstream:?} and the file's [gateway] upstream {file:?} differ: give one"
+            ));
+        }
         gateway.upstream = Some(upstream.clone());
     }
     if gateway.upstream.is_none() {
@@ -86,16 +93,17 @@ fn main() -> ExitCode {
 }
 
 async fn run(options: cli::Options, config: Config, proxy: Proxy) -> ExitCode {
-    let control = match Control::new(config) {
-        Ok(control) => control,
-        Err(e) => return usage(e),
-    };
+    // Installed first: building the stack already sets gauges (the mode).
     let metrics = match stormgate::metrics::prometheus_builder().install_recorder() {
         Ok(handle) => handle,
         Err(e) => {
             eprintln!("stormgate: cannot install the metrics recorder: {e}");
             return ExitCode::FAILURE;
         }
+    };
+    let control = match Control::new(config) {
+        Ok(control) => control,
+        Err(e) => return usage(e),
     };
     let _tasks = control.spawn();
     let mut _reloads = Vec::new();
