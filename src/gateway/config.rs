@@ -36,7 +36,7 @@ pub const MAX_UPSTREAM_LEN: usize = 2048;
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
     /// The upstream MCP endpoint, `http://host:port/path` (the binary's `--upstream` or
-    /// `STORMGATE_UPSTREAM` sets it too, and wins). Plain HTTP only: this build has no TLS
+    /// `STORMGATE_UPSTREAM` sets it too; given both ways, they must agree). Plain HTTP only: this build has no TLS
     /// client (run the gateway next to its server). Absent: no upstream configured.
     pub upstream: Option<String>,
     /// How long a TCP connection to the upstream may take (`connect_timeout_ms`). Default
