@@ -1138,3 +1138,38 @@ async fn the_binary_counts_upstream_failures_in_its_metrics() {
     assert_eq!(status.code(), Some(0));
     drain.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fifo_limit_guards_the_python_servers_pool_through_the_gateway() {
+    let upstream = python_server().await;
+    // Two in flight, two waiting: of six calls at once, two are refused and never reach the
+    // upstream.
+    let config = Config::from_toml(
+        "[sessions]\nburst = 100.0\n[fifo.keys.slow]\nmax_concurrent = 2\nmax_queue_depth = 2\n",
+    )
+    .unwrap();
+    let (url, _control) = gateway(&upstream.url, config).await;
+    let mut command = tokio::process::Command::new(python());
+    command.args([
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/gateway/python_client.py"
+        ),
+        &url,
+        "burst",
+    ]);
+    let report = report(command, "the Python client").await;
+    let answers = report["answers"].as_array().unwrap();
+    let ok = answers.iter().filter(|a| a["ok"] == true).count();
+    let full: Vec<&Value> = answers
+        .iter()
+        .filter(|a| a["data"]["reason"] == "queue_full")
+        .collect();
+    assert_eq!((ok, full.len()), (4, 2), "{report}");
+    assert_eq!(full[0]["code"], -32029, "{report}");
+    assert_eq!(
+        report["stats"]["slow_started"], 4,
+        "refused calls never ran: {report}"
+    );
+    assert_eq!(report["stats"]["in_pool"], 0, "{report}");
+}

@@ -1,11 +1,14 @@
 """Drives an MCP server through the stormgate gateway with the official Python SDK (`mcp`,
 pinned in .ci/run) and prints one JSON report on stdout for tests/gateway.rs.
 
-usage: python_client.py URL
+usage: python_client.py URL [burst]
 
 Client A lists the tools and calls each once (the `progress` call with a progress callback
 and a logging callback: what arrives through the stream is counted), then storms `echo` until
 refused; client B (another session) then calls `echo` once.
+
+With `burst`: one client fires six `slow` calls of 300 ms at once, then reads the upstream's
+`stats`.
 """
 
 import asyncio
@@ -65,5 +68,15 @@ async def main(url):
     print(json.dumps(report))
 
 
+async def burst(url):
+    async with Client(url, mode="legacy", client_info=Implementation(name="burst", version="1.0")) as c:
+        answers = await asyncio.gather(*(call(c, "slow", {"ms": 300}) for _ in range(6)))
+        stats = await call(c, "stats", {})
+    print(json.dumps({"answers": answers, "stats": json.loads(stats["text"])}))
+
+
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    if len(sys.argv) > 2 and sys.argv[2] == "burst":
+        asyncio.run(burst(sys.argv[1]))
+    else:
+        asyncio.run(main(sys.argv[1]))
