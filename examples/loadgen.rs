@@ -16,9 +16,17 @@
 //! Both servers and the client set `TCP_NODELAY` (without it every call waits about 40 ms on
 //! Nagle's algorithm and delayed ACKs, which would hide any difference).
 //!
-//! `--only with` or `--only without` runs one variant alone (to profile it).
+//! `--gateway` measures the gateway instead (`stormgate::gateway`): the bare example server as
+//! a Rust upstream, called directly, and through a gateway in front of it with the stack in
+//! `off` (passing through, and measuring) and in `adaptive` (the example configuration,
+//! budgets raised as above), each gateway in this process as the `stormgate` binary would
+//! serve it. Its figures are what the proxy and the stack add to a call: the upstream's own
+//! work is in every variant.
 //!
-//! The variants alternate for `--rounds` rounds (with/without, then without/with, ...) to
+//! `--only NAME` runs one variant alone, to profile it: `with` or `without`, or with
+//! `--gateway` `direct`, `pass` (`off = "pass_through"`), `off` or `adaptive`.
+//!
+//! The variants take turns for `--rounds` rounds, each round starting one variant later, to
 //! cancel drift; each run discards its first `--warmup` seconds. Only answers that are HTTP
 //! 200 with a JSON-RPC `result` that is not `isError` count as throughput; refusals (stormgate's
 //! `rate_limited`, or any JSON-RPC error) and failures (transport errors, other statuses) are
@@ -51,12 +59,13 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use stormgate::control::Config;
+use stormgate::control::{Config, Control, Mode, Off};
+use stormgate::gateway::{GatewayConfig, Proxy};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Command-line settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Args {
     /// Measured seconds per variant and round.
     duration: f64,
@@ -66,8 +75,10 @@ struct Args {
     connections: usize,
     /// Rounds of both variants.
     rounds: usize,
-    /// Run one variant only (`--only with` or `--only without`), for a profiler.
-    only: Option<bool>,
+    /// Run one variant only, by its short name (`--only with`), for a profiler.
+    only: Option<String>,
+    /// Measure the gateway (`--gateway`): a Rust upstream directly, and through the gateway.
+    gateway: bool,
 }
 
 fn args() -> Args {
@@ -77,24 +88,23 @@ fn args() -> Args {
         connections: 64,
         rounds: 3,
         only: None,
+        gateway: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--gateway" {
+            a.gateway = true;
+            continue;
+        }
         let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
             "--duration" => a.duration = number(&flag, &value),
             "--warmup" => a.warmup = number(&flag, &value),
             "--connections" => a.connections = number(&flag, &value),
             "--rounds" => a.rounds = number(&flag, &value),
-            "--only" => {
-                a.only = match value.as_str() {
-                    "with" => Some(true),
-                    "without" => Some(false),
-                    _ => panic!("--only takes `with` or `without`, not {value}"),
-                }
-            }
+            "--only" => a.only = Some(value),
             _ => panic!(
-                "unknown flag {flag} (--duration, --warmup, --connections, --rounds, --only)"
+                "unknown flag {flag} (--duration, --warmup, --connections, --rounds, --only, --gateway)"
             ),
         }
     }
@@ -267,7 +277,7 @@ async fn drive(
 }
 
 /// One run of a variant: every connection at once, warmup then measurement.
-async fn run(conns: &[(HttpClient, String)], addr: SocketAddr, a: Args) -> Stats {
+async fn run(conns: &[(HttpClient, String)], addr: SocketAddr, a: &Args) -> Stats {
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(a.warmup);
     let end = measure_from + Duration::from_secs_f64(a.duration);
@@ -309,27 +319,119 @@ fn row(name: &str, s: &Stats) {
     );
 }
 
+/// One way of serving the example: where it listens, its connections, what it measured.
+struct Variant {
+    /// The name `--only` takes.
+    short: &'static str,
+    /// Its row in the table.
+    name: &'static str,
+    addr: SocketAddr,
+    conns: Vec<(HttpClient, String)>,
+    total: Stats,
+}
+
+impl Variant {
+    async fn new(short: &'static str, name: &'static str, addr: SocketAddr, a: &Args) -> Self {
+        let mut conns = Vec::with_capacity(a.connections);
+        for _ in 0..a.connections {
+            conns.push(connect(addr).await);
+        }
+        Variant {
+            short,
+            name,
+            addr,
+            conns,
+            total: Stats::new(),
+        }
+    }
+}
+
+/// The example configuration with every budget raised so that nothing is refused, in `mode`,
+/// `off` doing what `off` says.
+fn config(mode: Mode, off: Off) -> Config {
+    let mut config = Config::load(Path::new(app::CONFIG)).unwrap();
+    config.mode = mode;
+    config.off = off;
+    config.budget.stable_budget = 1e9;
+    config.tenants.min_budget = Some(1e7);
+    config.sessions.base_budget = 1e9;
+    config.sessions.burst = 1e9;
+    config
+}
+
+/// The gateway in front of `upstream`, served with the stack in `mode`.
+async fn gateway(upstream: SocketAddr, mode: Mode, off: Off) -> (SocketAddr, Control) {
+    let proxy = Proxy::new(&GatewayConfig {
+        upstream: Some(format!("http://{upstream}/mcp")),
+        ..GatewayConfig::default()
+    })
+    .unwrap();
+    let control = Control::new(config(mode, off)).unwrap();
+    let app = control.wrap(Router::new().route_service("/mcp", proxy));
+    (serve(app).await, control)
+}
+
 #[tokio::main]
 async fn main() {
     let a = args();
     let metrics = stormgate::metrics::prometheus_builder()
         .install_recorder()
         .unwrap();
-    let mut config = Config::load(Path::new(app::CONFIG)).unwrap();
-    config.budget.stable_budget = 1e9;
-    config.tenants.min_budget = Some(1e7);
-    config.sessions.base_budget = 1e9;
-    config.sessions.burst = 1e9;
-    let (protected, control) = app::app(app::Backend::new(), config, metrics).unwrap();
-    let _tasks = control.spawn();
-    let with = serve(protected).await;
-    let without = serve(app::mcp_router(app::Backend::new())).await;
-
-    let mut conns_with = Vec::with_capacity(a.connections);
-    let mut conns_without = Vec::with_capacity(a.connections);
-    for _ in 0..a.connections {
-        conns_with.push(connect(with).await);
-        conns_without.push(connect(without).await);
+    let mut controls = Vec::new();
+    let mut variants = Vec::new();
+    if a.gateway {
+        // A Rust upstream (the bare example), so that the proxy is what is measured.
+        let upstream = serve(app::mcp_router(app::Backend::new())).await;
+        variants
+            .push(Variant::new("direct", "the upstream directly (bare rmcp)", upstream, &a).await);
+        for (short, name, mode, off) in [
+            (
+                "pass",
+                "through the gateway, stack off passing through",
+                Mode::Off,
+                Off::PassThrough,
+            ),
+            (
+                "off",
+                "through the gateway, stack off",
+                Mode::Off,
+                Off::Measure,
+            ),
+            (
+                "adaptive",
+                "through the gateway, stack adaptive",
+                Mode::Adaptive,
+                Off::Measure,
+            ),
+        ] {
+            let (addr, control) = gateway(upstream, mode, off).await;
+            variants.push(Variant::new(short, name, addr, &a).await);
+            controls.push(control);
+        }
+    } else {
+        let (protected, control) = app::app(
+            app::Backend::new(),
+            config(Mode::Adaptive, Off::Measure),
+            metrics,
+        )
+        .unwrap();
+        let with = serve(protected).await;
+        let without = serve(app::mcp_router(app::Backend::new())).await;
+        variants.push(Variant::new("without", "without stormgate (bare rmcp)", without, &a).await);
+        variants.push(Variant::new("with", "with stormgate (adaptive)", with, &a).await);
+        controls.push(control);
+    }
+    let _tasks: Vec<_> = controls.iter().map(Control::spawn).collect();
+    if let Some(only) = &a.only {
+        assert!(
+            variants.iter().any(|v| v.short == only),
+            "--only: no variant {only} (the variants: {})",
+            variants
+                .iter()
+                .map(|v| v.short)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     println!(
         "{} connections, {} rounds of {} s per variant (after {} s warmup each), {} worker threads",
@@ -340,27 +442,19 @@ async fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
-    let mut total_with = Stats::new();
-    let mut total_without = Stats::new();
+    let n = variants.len();
     for round in 0..a.rounds {
-        let order = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for protected in order {
-            if a.only.is_some_and(|only| only != protected) {
+        // Each round starts one variant later, to cancel drift.
+        for k in 0..n {
+            let v = &mut variants[(round + k) % n];
+            if a.only.as_deref().is_some_and(|only| only != v.short) {
                 continue;
             }
-            let s = if protected {
-                run(&conns_with, with, a).await
-            } else {
-                run(&conns_without, without, a).await
-            };
+            let s = run(&v.conns, v.addr, &a).await;
             println!(
                 "round {} {:<8} {:>8.0} req/s  p50 {:.3} ms  p99 {:.3} ms  cpu {:.1} µs/call  ok {} refused {} failed {}",
                 round + 1,
-                if protected { "with" } else { "without" },
+                v.short,
                 s.throughput(),
                 s.p(0.50),
                 s.p(0.99),
@@ -369,34 +463,36 @@ async fn main() {
                 s.refused,
                 s.failed
             );
-            if protected {
-                total_with.add(&s);
-            } else {
-                total_without.add(&s);
-            }
+            v.total.add(&s);
         }
     }
 
     println!();
     println!("| variant | req/s | p50 ms | p99 ms | CPU µs per call | ok | refused | failed |");
     println!("|---|---|---|---|---|---|---|---|");
-    row("without stormgate (bare rmcp)", &total_without);
-    row("with stormgate (adaptive)", &total_with);
+    for v in &variants {
+        row(v.name, &v.total);
+    }
     println!();
-    println!(
-        "throughput ratio with/without: {:.3} (goal >= 0.90); p99 with - without: {:+.3} ms; p50: {:+.3} ms",
-        total_with.throughput() / total_without.throughput(),
-        total_with.p(0.99) - total_without.p(0.99),
-        total_with.p(0.50) - total_without.p(0.50),
-    );
-    println!(
-        "CPU per call with/without: {:.1} / {:.1} µs (+{:.1} µs); the capacity ratio it implies on a CPU-bound machine: {:.3}",
-        total_with.cpu_per_call(),
-        total_without.cpu_per_call(),
-        total_with.cpu_per_call() - total_without.cpu_per_call(),
-        total_without.cpu_per_call() / total_with.cpu_per_call(),
-    );
-    if total_with.refused + total_with.failed + total_without.refused + total_without.failed > 0 {
+    let base = &variants[0];
+    for v in variants[1..].iter().filter(|_| a.only.is_none()) {
+        let (t, b) = (&v.total, &base.total);
+        println!(
+            "{}: req/s ratio to the first {:.3}; p99 {:+.3} ms, p50 {:+.3} ms; CPU per call {:.1} / {:.1} µs ({:+.1} µs, {:+.1}%)",
+            v.short,
+            t.throughput() / b.throughput(),
+            t.p(0.99) - b.p(0.99),
+            t.p(0.50) - b.p(0.50),
+            t.cpu_per_call(),
+            b.cpu_per_call(),
+            t.cpu_per_call() - b.cpu_per_call(),
+            100.0 * (t.cpu_per_call() / b.cpu_per_call() - 1.0),
+        );
+    }
+    if variants
+        .iter()
+        .any(|v| v.total.refused + v.total.failed > 0)
+    {
         println!(
             "note: some calls were refused or failed (see the table); they are not throughput"
         );

@@ -229,13 +229,21 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        let frame = ready!(this.inner.poll_frame(cx));
+        let mut this = self.project();
+        let frame = ready!(this.inner.as_mut().poll_frame(cx));
         if !*this.ended {
             match &frame {
                 Some(Ok(f)) => {
                     if let Some(data) = f.data_ref() {
                         this.scan.feed(data, this.listener);
+                    }
+                    // A body that knows it has ended (a sized body, such as hyper's `Incoming`
+                    // with a Content-Length, or a `Full`) says so after its last frame, and a
+                    // server stops polling it there: the answer ends now, not at a `None`
+                    // that never comes.
+                    if this.inner.is_end_stream() {
+                        *this.ended = true;
+                        this.scan.finish(this.listener);
                     }
                 }
                 Some(Err(_)) => {

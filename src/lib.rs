@@ -28,6 +28,9 @@
 //! * [`control`]: the whole stack from one configuration, its kill switch and live reloads,
 //!   with one settings snapshot per request; [`stack`]: that stack as one tower layer over
 //!   any MCP service.
+//! * [`gateway`]: the stack in front of any streamable-HTTP MCP server, in any language: a
+//!   streaming proxy to the upstream (what the `stormgate` binary serves); [`serve`]: serving
+//!   with a bounded graceful drain on SIGTERM / SIGINT.
 //!
 //! The order of the stack, outermost first: classify, budget, session guard, FIFO limiter,
 //! outcome, the MCP service (see the README for the whole stack in code).
@@ -67,6 +70,7 @@ mod duration_ms;
 pub mod entropy;
 mod error;
 pub mod fifo;
+pub mod gateway;
 pub mod idempotency;
 pub mod mcp;
 pub mod metrics;
@@ -75,6 +79,8 @@ mod policy;
 mod protocol;
 pub mod rejection;
 mod schemas;
+#[cfg(unix)]
+pub mod serve;
 mod snapshot;
 mod sse;
 pub mod stack;

@@ -86,6 +86,9 @@ pub const FIFO_QUEUE_WAIT: &str = "stormgate_fifo_queue_wait_seconds";
 pub const UPSTREAM_RATE_LIMITED: &str = "stormgate_upstream_rate_limited_total";
 /// Failed safe upstream calls retried once, by `key`.
 pub const UPSTREAM_RETRIES: &str = "stormgate_upstream_retries_total";
+/// Requests the gateway's upstream gave no answer to, by `reason` (`upstream_unreachable`,
+/// `upstream_broken`, `upstream_timeout`).
+pub const GATEWAY_UPSTREAM_FAILURES: &str = "stormgate_gateway_upstream_failures_total";
 /// The adaptive global budget, cost units per second.
 pub const BUDGET: &str = "stormgate_budget";
 /// Smoothed admitted cost per second.

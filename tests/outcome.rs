@@ -273,3 +273,36 @@ async fn notifications_are_not_observed() {
     .await;
     assert!(log.outcomes().is_empty());
 }
+
+/// A sized answer (a `Full`, or hyper's `Incoming` with a Content-Length) says it has ended
+/// after its last frame, and a server (hyper) stops polling it there, never asking for the
+/// final `None`: the answer's outcome must be learned at that last frame all the same.
+#[tokio::test(start_paused = true)]
+async fn a_sized_answer_read_as_a_server_reads_it_is_observed() {
+    let reply = r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#;
+    let log = Arc::new(Log::default());
+    let inner = tower::service_fn(move |_req: Request<Body>| async move {
+        let mut res = Response::new(Body::from(reply));
+        res.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        Ok::<_, std::convert::Infallible>(res)
+    });
+    let svc = ClassifyLayer::new()
+        .layer(OutcomeLayer::new([log.clone() as Arc<dyn Observer>]).layer(inner));
+    let out = svc
+        .oneshot(Request::post("/mcp").body(Body::from(call("1"))).unwrap())
+        .await
+        .unwrap();
+    let mut body = out.into_body();
+    let mut read = Vec::new();
+    // As hyper's server does: frames until the body says it has ended, then drop it.
+    while !http_body::Body::is_end_stream(&body) {
+        match body.frame().await {
+            Some(frame) => read.extend_from_slice(&frame.unwrap().into_data().unwrap()),
+            None => break,
+        }
+    }
+    drop(body);
+    assert_eq!(read, reply.as_bytes());
+    assert_eq!(log.outcomes(), [("1".to_owned(), Outcome::Ok)]);
+}

@@ -8,8 +8,7 @@ mod common;
 
 #[path = "../examples/mcp_server/app.rs"]
 mod app;
-#[path = "../examples/mcp_server/shutdown.rs"]
-mod shutdown;
+use stormgate::serve as shutdown;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -81,7 +80,10 @@ async fn sigterm_drains_calls_in_flight_within_the_grace_period() {
     let served = tokio::time::timeout(Duration::from_secs(10), server)
         .await
         .expect("returned once the calls were done");
-    served.unwrap().unwrap();
+    assert_eq!(
+        served.unwrap().unwrap(),
+        shutdown::Stopped::Drained { signal: "SIGTERM" }
+    );
     assert!(signalled.elapsed() < Duration::from_secs(10));
     assert!(
         logs.text().contains("signal=\"SIGTERM\""),
@@ -124,6 +126,12 @@ async fn sigterm_drains_calls_in_flight_within_the_grace_period() {
         .await
         .expect("returned at the end of the grace period")
         .unwrap()
+        .map(|stopped| {
+            assert_eq!(
+                stopped,
+                shutdown::Stopped::GraceExpired { signal: "SIGTERM" }
+            )
+        })
         .unwrap();
     let took = signalled.elapsed();
     assert!(took >= grace && took < Duration::from_secs(10), "{took:?}");

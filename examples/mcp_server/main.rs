@@ -16,7 +16,6 @@
 //! (`STORMGATE_SHUTDOWN_GRACE_MS`, default 30 000), then the server exits 0.
 
 mod app;
-mod shutdown;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -96,6 +95,7 @@ async fn main() -> std::io::Result<()> {
                 .map_err(|e| std::io::Error::other(format!("--shutdown-grace-ms: {e}")))
         })
         .transpose()?
-        .unwrap_or(shutdown::DEFAULT_GRACE);
-    shutdown::serve(listener, app, grace).await
+        .unwrap_or(stormgate::serve::DEFAULT_GRACE);
+    stormgate::serve::serve(listener, app, grace).await?;
+    Ok(())
 }

@@ -12,6 +12,7 @@ use crate::deadline::DeadlineConfig;
 use crate::distributed::DistributedConfig;
 use crate::entropy::SessionConfig;
 use crate::fifo::FifoConfig;
+use crate::gateway::GatewayConfig;
 use crate::idempotency::IdempotencyConfig;
 use crate::rejection::RejectionFormat;
 
@@ -77,6 +78,10 @@ pub struct Config {
     /// node's budget is its own. Read when the stack is built: a reload keeps the running
     /// connection and ignores changes to this section.
     pub distributed: Option<DistributedConfig>,
+    /// The upstream of the `stormgate` gateway binary (see [`GatewayConfig`]); absent: not a
+    /// gateway. Read when the proxy is built: a reload that changes it is refused (restart to
+    /// change it), and one without it keeps the running one.
+    pub gateway: Option<GatewayConfig>,
 }
 
 /// A configuration validated whole, with what the stages derive from it, ready to commit.
@@ -165,6 +170,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             admin: AdminConfig::default(),
             distributed: None,
+            gateway: None,
         }
     }
 }
@@ -239,6 +245,7 @@ impl Config {
             ("metrics", a.metrics != b.metrics),
             ("admin", a.admin != b.admin),
             ("distributed", a.distributed != b.distributed),
+            ("gateway", a.gateway != b.gateway),
         ]
         .into_iter()
         .filter_map(|(name, differs)| differs.then_some(name))
@@ -276,6 +283,9 @@ impl Config {
             }
             d.validate()?;
         }
+        if let Some(g) = &self.gateway {
+            g.validate()?;
+        }
         Ok(())
     }
 
@@ -293,6 +303,36 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gateway_section_is_validated() {
+        let ok = Config::from_toml(
+            "[gateway]\nupstream = \"http://127.0.0.1:8000/mcp\"\nforward_headers = [\"Authorization\"]\n",
+        )
+        .unwrap();
+        let g = ok.gateway.unwrap();
+        assert_eq!(g.upstream.as_deref(), Some("http://127.0.0.1:8000/mcp"));
+        assert_eq!(g.request_timeout, std::time::Duration::from_secs(60));
+        for (text, field) in [
+            ("upstream = \"https://x/mcp\"", "gateway.upstream"),
+            ("upstream = \"not a url\"", "gateway.upstream"),
+            ("upstream = \"http:///mcp\"", "gateway.upstream"),
+            ("connect_timeout_ms = 0", "gateway.connect_timeout_ms"),
+            ("request_timeout_ms = 0", "gateway.request_timeout_ms"),
+            (
+                "forward_headers = [\"connection\"]",
+                "gateway.forward_headers",
+            ),
+            (
+                "forward_headers = [\"bad header\"]",
+                "gateway.forward_headers",
+            ),
+        ] {
+            let err = Config::from_toml(&format!("[gateway]\n{text}\n")).unwrap_err();
+            assert_eq!(err.config_error().unwrap().field, field, "{text}: {err}");
+        }
+        assert!(Config::from_toml("").unwrap().gateway.is_none());
+    }
 
     #[test]
     fn the_distributed_section_is_validated() {

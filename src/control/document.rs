@@ -65,8 +65,9 @@ impl Document {
     }
 
     /// Refuses the document when it is empty, or when it leaves out a top-level key that
-    /// `running` sets, unless it says `replace = true`. `[distributed]` is exempt: it cannot
-    /// change while running, and a document without it keeps the running one.
+    /// `running` sets, unless it says `replace = true`. `[distributed]` and `[gateway]` are
+    /// exempt: they cannot change while running, and a document without them keeps the
+    /// running ones.
     pub(crate) fn check(&self, running: &Config) -> Result<(), ControlError> {
         if self.keys.is_empty() && !self.replace {
             return Err(ControlError::Empty);
@@ -77,7 +78,7 @@ impl Document {
         match running
             .sections()
             .into_iter()
-            .filter(|s| *s != "distributed")
+            .filter(|s| *s != "distributed" && *s != "gateway")
             .find(|s| !self.keys.iter().any(|k| k == s))
         {
             Some(dropped) => Err(ConfigError::new(

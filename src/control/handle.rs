@@ -315,8 +315,9 @@ impl Control {
     /// controller's averages and budget, tenants, session windows, learned weights, queues.
     ///
     /// Settings that cannot change while running are refused by name when they differ:
-    /// `budget.sample_interval_ms`, `sessions.window_size_ms`, `sessions.buckets`, and
-    /// `[distributed]` (a configuration without it keeps the running one).
+    /// `budget.sample_interval_ms`, `sessions.window_size_ms`, `sessions.buckets`,
+    /// `[distributed]` and `[gateway]` (a configuration without them keeps the running ones;
+    /// one whose `[gateway]` has no `upstream` keeps the running upstream).
     pub fn reload(&self, config: Config) -> Result<(), ControlError> {
         self.change(Source::Code, |_| Ok(config))
     }
@@ -475,12 +476,24 @@ fn prepare(running: &Config, mut next: Config, source: &Source) -> Result<Prepar
     if next.distributed.is_none() {
         next.distributed.clone_from(&running.distributed);
     }
+    // The gateway's upstream is often given on the command line, not in the file: a document
+    // without `[gateway]`, or without its `upstream`, keeps the running one.
+    match (&mut next.gateway, &running.gateway) {
+        (Some(next), Some(running)) if next.upstream.is_none() => {
+            next.upstream.clone_from(&running.upstream);
+        }
+        _ => {}
+    }
+    if next.gateway.is_none() {
+        next.gateway.clone_from(&running.gateway);
+    }
     let next = next.prepare()?;
     let fixed = [
         (
             "distributed",
             running.distributed != next.config.distributed,
         ),
+        ("gateway", running.gateway != next.config.gateway),
         (
             "budget.sample_interval_ms",
             running.budget.sample_interval != next.config.budget.sample_interval,

@@ -45,9 +45,13 @@ impl<B: Body> Body for LeaseBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let this = self.project();
-        let frame = this.inner.poll_frame(cx);
-        if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
+        let mut this = self.project();
+        let frame = this.inner.as_mut().poll_frame(cx);
+        // The end of the body, or its last frame when it knows it is the last (a server stops
+        // polling a body that says it has ended).
+        if matches!(frame, Poll::Ready(None | Some(Err(_))))
+            || (frame.is_ready() && this.inner.is_end_stream())
+        {
             this.leases.clear();
         }
         frame

@@ -1,0 +1,154 @@
+//! The `[gateway]` settings: where the upstream MCP server is, how long the proxy waits for
+//! it, its connection pool, and which credentials pass through.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+
+/// The most header names `forward_headers` may list.
+pub const MAX_FORWARD_HEADERS: usize = 32;
+
+/// The longest upstream URL accepted, bytes.
+pub const MAX_UPSTREAM_LEN: usize = 2048;
+
+/// Settings of the proxy in front of an upstream MCP server (`[gateway]`), as the `stormgate`
+/// binary and [`Proxy`](super::Proxy) read them. Read when the proxy is built: a reload whose
+/// `[gateway]` differs from the running one is refused by name (`gateway: cannot change while
+/// running`); a document without `[gateway]`, or without `upstream`, keeps the running one.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormgate::gateway::GatewayConfig;
+///
+/// let c: GatewayConfig = toml::from_str(r#"
+///     upstream = "http://127.0.0.1:8000/mcp"
+///     request_timeout_ms = 5000
+///     forward_headers = ["authorization"]
+/// "#).unwrap();
+/// assert_eq!(c.request_timeout, Duration::from_secs(5));
+/// assert!(c.validate().is_ok());
+/// let bad = GatewayConfig { upstream: Some("ftp://x".into()), ..GatewayConfig::default() };
+/// assert_eq!(bad.validate().unwrap_err().field, "gateway.upstream");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// The upstream MCP endpoint, `http://host:port/path` (the binary's `--upstream` or
+    /// `STORMGATE_UPSTREAM` sets it too; given both ways, they must agree). Plain HTTP only: this build has no TLS
+    /// client (run the gateway next to its server). Absent: no upstream configured.
+    pub upstream: Option<String>,
+    /// How long a TCP connection to the upstream may take (`connect_timeout_ms`). Default
+    /// 2000 ms; a connection not made by then is answered 502.
+    #[serde(rename = "connect_timeout_ms", with = "crate::duration_ms")]
+    pub connect_timeout: Duration,
+    /// How long the upstream may take to answer a request's headers (`request_timeout_ms`),
+    /// connection included. Default 60 000 ms; then the client gets 504. A streamed answer
+    /// (SSE) is not limited once its headers came: long-lived streams are held.
+    #[serde(rename = "request_timeout_ms", with = "crate::duration_ms")]
+    pub request_timeout: Duration,
+    /// How long an idle pooled connection to the upstream is kept (`pool_idle_timeout_ms`).
+    /// Default 90 000 ms.
+    #[serde(rename = "pool_idle_timeout_ms", with = "crate::duration_ms")]
+    pub pool_idle_timeout: Duration,
+    /// Idle connections kept to the upstream at most. Default 64.
+    pub pool_max_idle: usize,
+    /// Credential headers passed to the upstream (`authorization`, `cookie`, `x-api-key`,
+    /// ...), by name, case-insensitive. Default none: a client's credentials are meant for
+    /// the gateway unless said otherwise. At most [`MAX_FORWARD_HEADERS`]; hop-by-hop headers
+    /// (`connection`, `host`, `transfer-encoding`, ...) cannot be listed.
+    pub forward_headers: Vec<String>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            upstream: None,
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(60),
+            pool_idle_timeout: Duration::from_secs(90),
+            pool_max_idle: 64,
+            forward_headers: Vec::new(),
+        }
+    }
+}
+
+/// The upstream URL, checked: `http`, with a host, at most [`MAX_UPSTREAM_LEN`] bytes.
+pub(crate) fn parse_upstream(url: &str) -> Result<http::Uri, ConfigError> {
+    let field = "gateway.upstream";
+    if url.len() > MAX_UPSTREAM_LEN {
+        return Err(ConfigError::new(
+            field,
+            format!("longer than {MAX_UPSTREAM_LEN} bytes"),
+        ));
+    }
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|_| ConfigError::new(field, format!("{url:?} is not a URL")))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(ConfigError::new(
+                field,
+                "https upstreams are not supported (this build has no TLS client): \
+                 run the gateway next to its server over http",
+            ));
+        }
+        _ => {
+            return Err(ConfigError::new(
+                field,
+                format!("{url:?} is not an http:// URL"),
+            ));
+        }
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(ConfigError::new(field, format!("{url:?} has no host")));
+    }
+    Ok(uri)
+}
+
+impl GatewayConfig {
+    /// Checks every rule; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(url) = &self.upstream {
+            parse_upstream(url)?;
+        }
+        for (field, d) in [
+            ("gateway.connect_timeout_ms", self.connect_timeout),
+            ("gateway.request_timeout_ms", self.request_timeout),
+            ("gateway.pool_idle_timeout_ms", self.pool_idle_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::new(field, "must be greater than 0"));
+            }
+        }
+        self.forward_header_names()?;
+        Ok(())
+    }
+
+    /// `forward_headers` as header names, checked.
+    pub(crate) fn forward_header_names(&self) -> Result<Vec<http::HeaderName>, ConfigError> {
+        let field = "gateway.forward_headers";
+        if self.forward_headers.len() > MAX_FORWARD_HEADERS {
+            return Err(ConfigError::new(
+                field,
+                format!("at most {MAX_FORWARD_HEADERS} names"),
+            ));
+        }
+        self.forward_headers
+            .iter()
+            .map(|h| {
+                let name = http::HeaderName::from_bytes(h.as_bytes())
+                    .map_err(|_| ConfigError::new(field, format!("{h:?} is not a header name")))?;
+                if super::proxy::is_hop_by_hop(&name) || name == http::header::HOST {
+                    return Err(ConfigError::new(
+                        field,
+                        format!("{h:?} is hop-by-hop: the proxy sets it itself"),
+                    ));
+                }
+                Ok(name)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,1175 @@
+//! The gateway (`stormgate::gateway` and the `stormgate` binary) in front of real upstreams
+//! over loopback HTTP:
+//!
+//! * the official Python SDK's MCPServer (tests/gateway/python_server.py) and the TypeScript
+//!   SDK's McpServer (tests/gateway/ts_server.mjs), both pinned and installed by .ci/run,
+//!   driven through the gateway by both SDKs' clients: every tool listed and called, progress
+//!   and log notifications through the stream, a storm from one session refused with the
+//!   contract while another session is untouched;
+//! * small axum upstreams in this process for what must be observed from the upstream's side:
+//!   which headers arrive, SSE events passing one by one, the upstream request dropped when the
+//!   client goes, 502 and 504 with the request's id;
+//! * the binary: flags, environment, exit code 2 on bad input, `/metrics`, SIGTERM.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::any;
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use stormgate::control::{Config, Control, Mode};
+use stormgate::gateway::{GatewayConfig, Proxy};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+/// Serves `router` on a free loopback port; its address.
+async fn serve(router: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap()
+    });
+    addr
+}
+
+/// The gateway in this process: the proxy to `upstream` inside the whole stack from `config`;
+/// the gateway's MCP URL and its control handle.
+async fn gateway(upstream: &str, mut config: Config) -> (String, Control) {
+    let gateway = config.gateway.get_or_insert_with(GatewayConfig::default);
+    gateway.upstream = Some(upstream.to_owned());
+    let proxy = Proxy::new(gateway).unwrap();
+    let control = Control::new(config).unwrap();
+    let _ = control.spawn();
+    let addr = serve(control.wrap(Router::new().route_service("/mcp", proxy))).await;
+    (format!("http://{addr}/mcp"), control)
+}
+
+fn client() -> Client<HttpConnector, Body> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A JSON-RPC POST to `url` with `body` and extra `headers`.
+fn post(url: &str, body: &Value, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut req = Request::post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.body(Body::from(body.to_string())).unwrap()
+}
+
+async fn json_of<B>(response: Response<B>) -> (StatusCode, HeaderMap, Value)
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let (parts, body) = response.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bytes)));
+    (parts.status, parts.headers, value)
+}
+
+/// Waits (real time: real sockets) until `cond` holds, at most 5 s.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what} did not happen within 5 s");
+}
+
+/// Sets its flag when dropped: what the upstream's handler holds, to see it cancelled.
+struct Dropped(Arc<AtomicBool>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// In-process upstreams: what the upstream sees
+// ---------------------------------------------------------------------------------------
+
+/// An upstream that answers each request with the headers it received, and with answer headers
+/// of its own (MCP ones and hop-by-hop ones).
+fn echo_headers_upstream() -> Router {
+    Router::new().route(
+        "/mcp",
+        any(|req: Request<Body>| async move {
+            let seen: serde_json::Map<String, Value> = req
+                .headers()
+                .iter()
+                .map(|(k, v)| (k.as_str().to_owned(), json!(v.to_str().unwrap_or("?"))))
+                .collect();
+            let body = json!({
+                "jsonrpc": "2.0", "id": 1,
+                "result": {"headers": seen, "method": req.method().as_str(),
+                           "query": req.uri().query()},
+            });
+            Response::builder()
+                .header("content-type", "application/json")
+                .header("mcp-session-id", "upstream-session-1")
+                .header("x-upstream", "yes")
+                .header("connection", "x-secret-hop")
+                .header("x-secret-hop", "must not pass")
+                .header("keep-alive", "timeout=5")
+                .body(Body::from(body.to_string()))
+                .unwrap()
+        }),
+    )
+}
+
+#[tokio::test]
+async fn mcp_headers_pass_both_ways_and_credentials_only_when_listed() {
+    let upstream = serve(echo_headers_upstream()).await;
+    let upstream_url = format!("http://{upstream}/mcp");
+    let request_headers = [
+        ("mcp-session-id", "s-1"),
+        ("mcp-protocol-version", "2025-06-18"),
+        ("mcp-method", "tools/list"),
+        ("last-event-id", "e-9"),
+        ("authorization", "Bearer client-secret"),
+        ("cookie", "sid=abc"),
+        ("x-api-key", "k-1"),
+        ("connection", "keep-alive, x-private"),
+        ("x-private", "hop"),
+        ("proxy-authorization", "Basic xyz"),
+        ("te", "trailers"),
+        ("x-random", "not forwarded"),
+    ];
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+
+    // Default: no credential passes.
+    let (url, _control) = gateway(&upstream_url, Config::default()).await;
+    let answer = client()
+        .request(post(&format!("{url}?tenant=t"), &list, &request_headers))
+        .await
+        .unwrap();
+    let (status, headers, body) = json_of(answer).await;
+    assert_eq!(status, StatusCode::OK);
+    let seen = &body["result"]["headers"];
+    for (name, value) in &request_headers[..4] {
+        assert_eq!(seen[*name], *value, "{name} passes: {seen}");
+    }
+    assert_eq!(seen["content-type"], "application/json");
+    assert_eq!(seen["accept"], "application/json, text/event-stream");
+    assert_eq!(seen["host"], upstream.to_string(), "Host is the upstream's");
+    for name in [
+        "authorization",
+        "cookie",
+        "x-api-key",
+        "connection",
+        "x-private",
+        "proxy-authorization",
+        "te",
+        "x-random",
+    ] {
+        assert!(seen.get(name).is_none(), "{name} must not pass: {seen}");
+    }
+    assert_eq!(body["result"]["method"], "POST");
+    assert_eq!(
+        body["result"]["query"], "tenant=t",
+        "the query string passes"
+    );
+    // The answer's headers come back, but not the hop-by-hop ones.
+    assert_eq!(headers["mcp-session-id"], "upstream-session-1");
+    assert_eq!(headers["x-upstream"], "yes");
+    assert!(headers.get("x-secret-hop").is_none(), "{headers:?}");
+    assert!(headers.get("keep-alive").is_none(), "{headers:?}");
+
+    // Listed credentials pass, and only those.
+    let config = Config {
+        gateway: Some(GatewayConfig {
+            forward_headers: vec!["Authorization".into(), "x-api-key".into()],
+            ..GatewayConfig::default()
+        }),
+        ..Config::default()
+    };
+    let (url, _control) = gateway(&upstream_url, config).await;
+    let answer = client()
+        .request(post(&url, &list, &request_headers))
+        .await
+        .unwrap();
+    let (_, _, body) = json_of(answer).await;
+    let seen = &body["result"]["headers"];
+    assert_eq!(seen["authorization"], "Bearer client-secret");
+    assert_eq!(seen["x-api-key"], "k-1");
+    assert!(seen.get("cookie").is_none(), "{seen}");
+
+    // GET and DELETE reach the upstream too.
+    for method in ["GET", "DELETE"] {
+        let req = Request::builder()
+            .method(method)
+            .uri(&url)
+            .header("mcp-session-id", "s-1")
+            .body(Body::empty())
+            .unwrap();
+        let (status, _, body) = json_of(client().request(req).await.unwrap()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["result"]["method"], method);
+        assert_eq!(body["result"]["headers"]["mcp-session-id"], "s-1");
+    }
+}
+
+/// An SSE upstream: on GET, one event at once, the next only when `next` is notified, and so
+/// on, forever; the stream sets `dropped` when it is dropped.
+fn sse_upstream(next: Arc<tokio::sync::Notify>, dropped: Arc<AtomicBool>) -> Router {
+    Router::new().route(
+        "/mcp",
+        any(move |req: Request<Body>| {
+            let next = next.clone();
+            let dropped = dropped.clone();
+            async move {
+                let last = req
+                    .headers()
+                    .get("last-event-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("none")
+                    .to_owned();
+                let guard = Dropped(dropped);
+                let events = futures::stream::unfold((0u32, guard), move |(n, guard)| {
+                    let next = next.clone();
+                    let last = last.clone();
+                    async move {
+                        if n > 0 {
+                            next.notified().await;
+                        }
+                        let event = format!(
+                            "id: {n}\nevent: message\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{\"n\":{n},\"after\":\"{last}\"}}}}\n\n"
+                        );
+                        Some((Ok::<_, Infallible>(Bytes::from(event)), (n + 1, guard)))
+                    }
+                });
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .header("cache-control", "no-cache")
+                    .body(Body::from_stream(events))
+                    .unwrap()
+            }
+        }),
+    )
+}
+
+#[tokio::test]
+async fn sse_events_pass_one_by_one_and_a_client_that_goes_drops_the_upstream_stream() {
+    let next = Arc::new(tokio::sync::Notify::new());
+    let dropped = Arc::new(AtomicBool::new(false));
+    let upstream = serve(sse_upstream(next.clone(), dropped.clone())).await;
+    let (url, _control) = gateway(&format!("http://{upstream}/mcp"), Config::default()).await;
+    let req = Request::get(&url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", "s-1")
+        .header("last-event-id", "41")
+        .body(Body::empty())
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), client().request(req))
+        .await
+        .expect("the stream's headers come at once")
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    assert_eq!(answer.headers()["content-type"], "text/event-stream");
+    let mut body = answer.into_body();
+    let mut read = String::new();
+    for n in 0..3u32 {
+        // Each event arrives before the upstream writes the next one: nothing is buffered.
+        let want = format!("\"n\":{n},\"after\":\"41\"");
+        while !read.contains(&want) {
+            let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+                .await
+                .unwrap_or_else(|_| panic!("event {n} held back; got {read:?}"))
+                .expect("the stream is held open")
+                .unwrap();
+            if let Ok(data) = frame.into_data() {
+                read.push_str(&String::from_utf8_lossy(&data));
+            }
+        }
+        assert!(
+            !read.contains(&format!("\"n\":{}", n + 1)),
+            "event {} came before it was written",
+            n + 1
+        );
+        next.notify_one();
+    }
+    assert!(
+        !dropped.load(Ordering::SeqCst),
+        "the long-lived stream is held"
+    );
+    // The client goes: the upstream's stream is dropped too.
+    drop(body);
+    until("the upstream stream dropped", || {
+        dropped.load(Ordering::SeqCst)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_client_that_goes_before_the_answer_drops_the_upstream_request() {
+    let dropped = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicUsize::new(0));
+    let (d, s) = (dropped.clone(), started.clone());
+    let upstream = serve(Router::new().route(
+        "/mcp",
+        any(move || {
+            let guard = Dropped(d.clone());
+            s.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let _guard = guard;
+                std::future::pending::<()>().await;
+                "never"
+            }
+        }),
+    ))
+    .await;
+    let (url, _control) = gateway(&format!("http://{upstream}/mcp"), Config::default()).await;
+    let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                      "params": {"name": "slow", "arguments": {}}});
+    let request = tokio::spawn(client().request(post(&url, &call, &[])));
+    until("the upstream handler started", || {
+        started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(!dropped.load(Ordering::SeqCst));
+    // The client gives up (its connection closes): the gateway drops the upstream request,
+    // whose connection closes, and the upstream's handler is dropped.
+    request.abort();
+    until("the upstream request dropped", || {
+        dropped.load(Ordering::SeqCst)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_502_with_the_request_id() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (url, _control) = gateway(&format!("http://127.0.0.1:{port}/mcp"), Config::default()).await;
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                      "params": {"name": "echo", "arguments": {"text": "x"}}});
+    let (status, headers, body) =
+        json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(body["jsonrpc"], "2.0");
+    assert_eq!(body["id"], 7, "{body}");
+    assert_eq!(
+        body["error"]["code"],
+        stormgate::gateway::UPSTREAM_ERROR_CODE
+    );
+    assert_eq!(body["error"]["data"]["reason"], "upstream_unreachable");
+    // A GET carries no id: null.
+    let get = Request::get(&url).body(Body::empty()).unwrap();
+    let (status, _, body) = json_of(client().request(get).await.unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(body["id"], Value::Null);
+    // In off with pass_through nothing is classified, so the id is not known: null (as
+    // documented).
+    let config = Config {
+        mode: Mode::Off,
+        off: stormgate::control::Off::PassThrough,
+        ..Config::default()
+    };
+    let (url, _control) = gateway(&format!("http://127.0.0.1:{port}/mcp"), config).await;
+    let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(body["id"], Value::Null, "{body}");
+}
+
+#[tokio::test]
+async fn an_upstream_slower_than_the_request_timeout_is_504_with_the_request_id() {
+    let upstream = serve(Router::new().route(
+        "/mcp",
+        any(|| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            "late"
+        }),
+    ))
+    .await;
+    let config = Config {
+        gateway: Some(GatewayConfig {
+            request_timeout: Duration::from_millis(300),
+            ..GatewayConfig::default()
+        }),
+        ..Config::default()
+    };
+    let (url, _control) = gateway(&format!("http://{upstream}/mcp"), config).await;
+    let call = json!({"jsonrpc": "2.0", "id": "req-a", "method": "tools/call",
+                      "params": {"name": "slow", "arguments": {}}});
+    let started = std::time::Instant::now();
+    let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(body["id"], "req-a", "{body}");
+    assert_eq!(body["error"]["data"]["reason"], "upstream_timeout");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Real MCP servers and clients
+// ---------------------------------------------------------------------------------------
+
+/// A running upstream MCP server process, killed when dropped.
+struct Upstream {
+    _child: tokio::process::Child,
+    url: String,
+}
+
+/// Starts `command` and waits for the `PORT <n>` line it prints when it accepts connections.
+async fn start(mut command: tokio::process::Command, what: &str) -> Upstream {
+    command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e} (.ci/run installs it)"));
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .unwrap_or_else(|_| panic!("{what} not ready within 30 s"))
+        .unwrap()
+        .unwrap_or_else(|| panic!("{what} exited before it was ready (.ci/run installs it)"));
+    let port: u16 = line
+        .strip_prefix("PORT ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{what} printed {line:?}"));
+    Upstream {
+        _child: child,
+        url: format!("http://127.0.0.1:{port}/mcp"),
+    }
+}
+
+fn python() -> String {
+    std::env::var("STORMGATE_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+async fn python_server() -> Upstream {
+    let mut command = tokio::process::Command::new(python());
+    command.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/gateway/python_server.py"
+    ));
+    start(
+        command,
+        &format!("the Python MCP server ({} with mcp)", python()),
+    )
+    .await
+}
+
+async fn ts_server() -> Upstream {
+    let dir = common::node_dir();
+    let mut command = tokio::process::Command::new(format!("{dir}/node_modules/.bin/node"));
+    command.current_dir(&dir).args([
+        "--input-type=module",
+        "-e",
+        include_str!("gateway/ts_server.mjs"),
+    ]);
+    start(
+        command,
+        &format!("the TypeScript MCP server (node@22 and the SDK in {dir})"),
+    )
+    .await
+}
+
+/// Runs a client driver; the JSON report it prints.
+async fn report(mut command: tokio::process::Command, what: &str) -> Value {
+    let out = tokio::time::timeout(Duration::from_secs(60), command.kill_on_drop(true).output())
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within 60 s"))
+        .unwrap_or_else(|e| panic!("{what}: {e} (.ci/run installs it)"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{stderr}",
+        out.status
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not a report ({e}): {}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+async fn python_client(url: &str) -> Value {
+    let mut command = tokio::process::Command::new(python());
+    command.args([
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/gateway/python_client.py"
+        ),
+        url,
+    ]);
+    report(command, "the Python client").await
+}
+
+async fn ts_client(url: &str) -> Value {
+    let dir = common::node_dir();
+    let mut command = tokio::process::Command::new(format!("{dir}/node_modules/.bin/node"));
+    command.current_dir(&dir).args([
+        "--input-type=module",
+        "-e",
+        include_str!("gateway/ts_client.mjs"),
+        url,
+    ]);
+    report(command, "the TypeScript client").await
+}
+
+/// One session may make six quick calls, then one a second: the four tools once and a short
+/// storm of `echo` are enough to be refused.
+fn storm_config() -> Config {
+    let mut c = Config::default();
+    c.sessions.base_budget = 1.0;
+    c.sessions.burst = 6.0;
+    c
+}
+
+/// What every client must see through the gateway, whatever the upstream.
+fn assert_report(report: &Value, who: &str) {
+    let tools: Vec<&str> = report["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{who}: {report}"))
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tools,
+        ["echo", "progress", "slow", "stats"],
+        "{who}: {report}"
+    );
+    for (tool, answer) in report["calls"].as_object().unwrap() {
+        assert_eq!(answer["ok"], true, "{who}: {tool}: {answer}");
+    }
+    assert_eq!(report["calls"]["echo"]["text"], "hi", "{who}");
+    assert_eq!(report["calls"]["progress"]["text"], "3 steps", "{who}");
+    let progress = report["progress"].as_array().unwrap();
+    assert_eq!(
+        progress.len(),
+        3,
+        "{who}: every progress event arrived: {report}"
+    );
+    assert_eq!(progress[2][0], 3.0, "{who}: {report}");
+    let logs: Vec<&str> = report["logs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        logs.iter().any(|l| l.contains("step 3 of 3")),
+        "{who}: the log messages arrived: {report}"
+    );
+    let refusal = &report["refusal"];
+    assert!(
+        refusal.is_object(),
+        "{who}: the storm was refused: {report}"
+    );
+    assert_eq!(refusal["code"], -32029, "{who}: {refusal}");
+    let data = &refusal["data"];
+    let ms = data["retry_after_ms"].as_u64().unwrap();
+    assert!(ms > 0 && ms <= 60_000, "{who}: {data}");
+    assert_eq!(data["reason"], "session_budget_exceeded", "{who}: {data}");
+    assert!(
+        refusal["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("retry after {ms} ms")),
+        "{who}: {refusal}"
+    );
+    assert_eq!(
+        report["other_session"]["ok"], true,
+        "{who}: another session is untouched: {report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_server_behind_the_gateway_serves_both_sdks_and_refuses_a_storm() {
+    let upstream = python_server().await;
+    let (url, control) = gateway(&upstream.url, storm_config()).await;
+    let (py, ts) = tokio::join!(python_client(&url), ts_client(&url));
+    assert_report(&py, "Python client → gateway → Python server");
+    assert_report(&ts, "TypeScript client → gateway → Python server");
+    // The outcomes were learned from the upstream's answers.
+    assert!(
+        control.audit().len() >= 4,
+        "every session was seen by the stack"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typescript_server_behind_the_gateway_serves_both_sdks_and_refuses_a_storm() {
+    let upstream = ts_server().await;
+    let (url, _control) = gateway(&upstream.url, storm_config()).await;
+    let (py, ts) = tokio::join!(python_client(&url), ts_client(&url));
+    assert_report(&py, "Python client → gateway → TypeScript server");
+    assert_report(&ts, "TypeScript client → gateway → TypeScript server");
+}
+
+// ---------------------------------------------------------------------------------------
+// The binary
+// ---------------------------------------------------------------------------------------
+
+const BIN: &str = env!("CARGO_BIN_EXE_stormgate");
+
+fn bin() -> std::process::Command {
+    let mut c = std::process::Command::new(BIN);
+    for var in [
+        "STORMGATE_LISTEN",
+        "STORMGATE_UPSTREAM",
+        "STORMGATE_CONFIG",
+        "STORMGATE_SHUTDOWN_GRACE_MS",
+    ] {
+        c.env_remove(var);
+    }
+    c
+}
+
+#[test]
+fn the_binary_refuses_bad_input_with_exit_code_2_and_a_message() {
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 6] = [
+        (&["--bogus"], &[], "unknown argument \"--bogus\""),
+        (&["--upstream"], &[], "--upstream needs a value"),
+        (&[], &[], "no upstream"),
+        (&["--upstream", "ftp://x/mcp"], &[], "gateway.upstream"),
+        (
+            &[],
+            &[("STORMGATE_UPSTREAM", "https://x/mcp")],
+            "https upstreams are not supported",
+        ),
+        (
+            &[
+                "--upstream",
+                "http://127.0.0.1:1/mcp",
+                "--listen",
+                "nowhere",
+            ],
+            &[],
+            "--listen \"nowhere\"",
+        ),
+    ];
+    for (args, env, message) in cases {
+        let out = bin().args(args).envs(env.iter().copied()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+    let config = std::env::temp_dir().join(format!("stormgate-gw-bad-{}.toml", std::process::id()));
+    std::fs::write(&config, "[gateway]\nrequest_timeout_ms = 0\n").unwrap();
+    let out = bin()
+        .args(["--upstream", "http://127.0.0.1:1/mcp"])
+        .env("STORMGATE_CONFIG", &config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("gateway.request_timeout_ms"), "{stderr}");
+    // The flag and the file disagree on the upstream: refused at start, not at every reload.
+    std::fs::write(
+        &config,
+        "[gateway]\nupstream = \"http://127.0.0.1:2/mcp\"\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args(["--upstream", "http://127.0.0.1:1/mcp"])
+        .env("STORMGATE_CONFIG", &config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("differ: give one"), "{stderr}");
+    let _ = std::fs::remove_file(&config);
+    let help = bin().arg("--help").output().unwrap();
+    assert_eq!(help.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("usage: stormgate --upstream URL"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_proxies_serves_metrics_and_exits_0_on_sigterm() {
+    let upstream = serve(echo_headers_upstream()).await;
+    let config = std::env::temp_dir().join(format!("stormgate-gw-{}.toml", std::process::id()));
+    std::fs::write(&config, "[admin]\ntoken = \"t0ken\"\n").unwrap();
+    let mut child = tokio::process::Command::from(bin())
+        .arg("--config")
+        .arg(&config)
+        .env("STORMGATE_LISTEN", "127.0.0.1:0")
+        .env("STORMGATE_UPSTREAM", format!("http://{upstream}/mcp"))
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                return rest.split('/').next().unwrap().to_owned();
+            }
+        }
+        panic!("the binary exited before listening");
+    })
+    .await
+    .expect("the binary listens within 10 s");
+    // Keep reading its logs so it never blocks on a full pipe.
+    let logs = tokio::spawn(async move {
+        let mut all = String::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let (status, headers, body) = json_of(
+        client()
+            .request(post(&format!("http://{addr}/mcp"), &list, &[]))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["mcp-session-id"], "upstream-session-1");
+    assert_eq!(body["result"]["headers"]["host"], upstream.to_string());
+    let metrics = client()
+        .request(
+            Request::get(format!("http://{addr}/metrics"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), StatusCode::OK);
+    let text = metrics.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.contains("stormgate_messages_total"), "{text}");
+    assert!(
+        text.contains("stormgate_mode"),
+        "the gauges set at start are there: {text}"
+    );
+    let admin = client()
+        .request(
+            Request::get(format!("http://{addr}/admin/mode"))
+                .header("authorization", "Bearer t0ken")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        admin.status(),
+        StatusCode::OK,
+        "the admin routes are served"
+    );
+    let mode = || async {
+        let req = Request::get(format!("http://{addr}/admin/mode"))
+            .header("authorization", "Bearer t0ken")
+            .body(Body::empty())
+            .unwrap();
+        json_of(client().request(req).await.unwrap()).await.2["mode"].clone()
+    };
+    assert_eq!(mode().await, "adaptive");
+    // The configuration file is reloaded (its watcher or SIGHUP, both sent here).
+    std::fs::write(&config, "mode = \"fixed\"\n[admin]\ntoken = \"t0ken\"\n").unwrap();
+    let pid = child.id().unwrap().to_string();
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let mut reloaded = false;
+    for _ in 0..500 {
+        if mode().await == "fixed" {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(reloaded, "the file was reloaded within 5 s");
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exits within 10 s of SIGTERM")
+        .unwrap();
+    let logs = logs.await.unwrap();
+    assert_eq!(status.code(), Some(0), "{logs}");
+    assert!(logs.contains("SIGTERM"), "{logs}");
+    let _ = std::fs::remove_file(&config);
+}
+
+// ---------------------------------------------------------------------------------------
+// Reloads
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn the_gateway_section_cannot_change_while_running_and_a_document_without_it_keeps_it() {
+    let config = Config {
+        gateway: Some(GatewayConfig {
+            upstream: Some("http://127.0.0.1:8000/mcp".into()),
+            ..GatewayConfig::default()
+        }),
+        ..Config::default()
+    };
+    let control = Control::new(config).unwrap();
+    let source = stormgate::control::Source::File;
+    // A file without [gateway] (the upstream came from the command line): applied, kept.
+    control
+        .reload_document("[sessions]\nburst = 3.0\n", source.clone())
+        .unwrap();
+    assert_eq!(control.config().sessions.burst, 3.0);
+    let running = control.config().gateway.clone().unwrap();
+    assert_eq!(
+        running.upstream.as_deref(),
+        Some("http://127.0.0.1:8000/mcp")
+    );
+    // [gateway] without an upstream keeps the running upstream: the same section is applied.
+    control
+        .reload_document("[sessions]\nburst = 4.0\n[gateway]\n", source.clone())
+        .unwrap();
+    assert_eq!(control.config().sessions.burst, 4.0);
+    // A different upstream, or different timeouts: refused by name, the running one stays.
+    for text in [
+        "[sessions]\nburst = 5.0\n[gateway]\nupstream = \"http://127.0.0.1:9000/mcp\"\n",
+        "[sessions]\nburst = 5.0\n[gateway]\nrequest_timeout_ms = 5\n",
+    ] {
+        let err = control.reload_document(text, source.clone()).unwrap_err();
+        let err = err.config_error().unwrap();
+        assert_eq!(err.field, "gateway", "{text}: {err}");
+        assert!(err.rule.contains("restart"), "{err}");
+        assert_eq!(control.config().sessions.burst, 4.0, "refused whole");
+        assert_eq!(control.config().gateway.as_ref(), Some(&running));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The conformance suite
+// ---------------------------------------------------------------------------------------
+
+/// Per scenario, each check's id and status, from the suite's output directory.
+fn suite_results(
+    dir: &std::path::Path,
+) -> std::collections::BTreeMap<String, Vec<(String, String)>> {
+    let mut out = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        // "server-<scenario>-<24-character timestamp>"
+        let scenario = name[..name.len().saturating_sub(25)].to_owned();
+        let checks: Value =
+            serde_json::from_str(&std::fs::read_to_string(path.join("checks.json")).unwrap())
+                .unwrap();
+        let checks = checks
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["id"].as_str().unwrap().to_owned(),
+                    c["status"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        out.insert(scenario, checks);
+    }
+    out
+}
+
+/// The official conformance suite (pinned, installed by .ci/run) against `url`.
+async fn run_suite(
+    url: &str,
+    name: &str,
+) -> std::collections::BTreeMap<String, Vec<(String, String)>> {
+    let dir = common::node_dir();
+    let out = std::env::temp_dir().join(format!(
+        "stormgate-gateway-conformance-{}-{name}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&out);
+    let run = tokio::process::Command::new(format!("{dir}/node_modules/.bin/node"))
+        .current_dir(&dir)
+        .arg("node_modules/@modelcontextprotocol/conformance/dist/index.js")
+        .args(["server", "--url", url, "-o"])
+        .arg(&out)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .expect("the suite finished within 300 s")
+        .unwrap_or_else(|e| panic!("{dir}: {e} (.ci/run installs the suite there)"));
+    // The suite exits non-zero when a scenario fails; the results are in its directory.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("Total:"),
+        "the suite ran: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results = suite_results(&out);
+    let _ = std::fs::remove_dir_all(&out);
+    results
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_through_the_gateway_in_off_gives_the_upstreams_results() {
+    let upstream = ts_server().await;
+    let direct = run_suite(&upstream.url, "direct").await;
+    let config = Config {
+        mode: Mode::Off,
+        ..Config::default()
+    };
+    let (url, _control) = gateway(&upstream.url, config).await;
+    let through = run_suite(&url, "gateway").await;
+    assert!(direct.len() >= 20, "{} scenarios", direct.len());
+    assert!(
+        direct
+            .values()
+            .flatten()
+            .any(|(_, status)| status == "SUCCESS"),
+        "some checks pass"
+    );
+    assert_eq!(direct, through, "the gateway changes no conformance result");
+}
+
+/// An upstream that answers every JSON-RPC request with a result (or an error for the tool
+/// `fail`) carrying its id, and a session id on every answer.
+fn jsonrpc_upstream() -> Router {
+    Router::new().route(
+        "/mcp",
+        any(|body: Bytes| async move {
+            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let answer = if req["params"]["name"] == "fail" {
+                json!({"jsonrpc": "2.0", "id": req["id"],
+                       "error": {"code": -32603, "message": "the tool broke"}})
+            } else {
+                json!({"jsonrpc": "2.0", "id": req["id"],
+                       "result": {"content": [{"type": "text", "text": "ok"}],
+                                  "protocolVersion": "2025-06-18", "capabilities": {},
+                                  "serverInfo": {"name": "u", "version": "1"}}})
+            };
+            Response::builder()
+                .header("content-type", "application/json")
+                .header("mcp-session-id", "upstream-session-1")
+                .body(Body::from(answer.to_string()))
+                .unwrap()
+        }),
+    )
+}
+
+#[tokio::test]
+async fn outcomes_are_learned_from_the_upstreams_answers() {
+    let upstream = serve(jsonrpc_upstream()).await;
+    let (url, control) = gateway(&format!("http://{upstream}/mcp"), Config::default()).await;
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                      "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                 "clientInfo": {"name": "c", "version": "1"}}});
+    let (status, headers, _) =
+        json_of(client().request(post(&url, &init, &[])).await.unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["mcp-session-id"], "upstream-session-1");
+    let session = [
+        ("mcp-session-id", "upstream-session-1"),
+        ("mcp-protocol-version", "2025-06-18"),
+    ];
+    for (id, tool) in [(1, "echo"), (2, "fail")] {
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                          "params": {"name": tool, "arguments": {}}});
+        let (status, _, body) =
+            json_of(client().request(post(&url, &call, &session)).await.unwrap()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["id"], id);
+    }
+    // Learned when the answer's body ends on the gateway's side, which may be just after the
+    // client read it. (A JSON answer is learned only if the server polls the body to its end:
+    // before the proxy's `Streamed` body, hyper stopped at the last byte and the call was
+    // settled as cancelled, so the session was never accepted and nothing was learned.)
+    let session = stormgate::SessionId::new("upstream-session-1");
+    let outcome = |tool: &str| {
+        control
+            .audit()
+            .invocations(&session)
+            .iter()
+            .find(|i| i.target.as_deref() == Some(tool))
+            .and_then(|i| i.outcome)
+    };
+    until("both outcomes learned", || {
+        outcome("echo").is_some() && outcome("fail").is_some()
+    })
+    .await;
+    assert_eq!(outcome("echo"), Some("ok"));
+    assert_eq!(outcome("fail"), Some("error"));
+}
+
+#[tokio::test]
+async fn a_deadline_cuts_a_proxied_call_and_drops_its_upstream_request() {
+    let dropped = Arc::new(AtomicBool::new(false));
+    let d = dropped.clone();
+    let upstream = serve(Router::new().route(
+        "/mcp",
+        any(move || {
+            let guard = Dropped(d.clone());
+            async move {
+                let _guard = guard;
+                std::future::pending::<()>().await;
+                "never"
+            }
+        }),
+    ))
+    .await;
+    let mut config = Config::default();
+    config.deadlines.tools_ms.insert("slow".into(), 200);
+    let (url, _control) = gateway(&format!("http://{upstream}/mcp"), config).await;
+    let call = json!({"jsonrpc": "2.0", "id": 11, "method": "tools/call",
+                      "params": {"name": "slow", "arguments": {}}});
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        client().request(post(&url, &call, &[])),
+    )
+    .await
+    .expect("the deadline answers, not the upstream")
+    .unwrap();
+    let (_, _, body) = json_of(answer).await;
+    assert_eq!(body["id"], 11, "{body}");
+    assert_eq!(
+        body["error"]["data"]["reason"], "deadline_exceeded",
+        "{body}"
+    );
+    until("the upstream request dropped", || {
+        dropped.load(Ordering::SeqCst)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_counts_upstream_failures_in_its_metrics() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = tokio::process::Command::from(bin())
+        .args(["--listen", "127.0.0.1:0", "--upstream"])
+        .arg(format!("http://127.0.0.1:{port}/mcp"))
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                return rest.split('/').next().unwrap().to_owned();
+            }
+        }
+        panic!("the binary exited before listening");
+    })
+    .await
+    .expect("the binary listens within 10 s");
+    let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                      "params": {"name": "echo", "arguments": {}}});
+    for _ in 0..3 {
+        let (status, _, body) = json_of(
+            client()
+                .request(post(&format!("http://{addr}/mcp"), &call, &[]))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
+        assert_eq!(body["id"], 3);
+    }
+    let metrics = client()
+        .request(
+            Request::get(format!("http://{addr}/metrics"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let text = metrics.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    assert!(
+        text.lines().any(|l| l.starts_with(
+            "stormgate_gateway_upstream_failures_total{reason=\"upstream_unreachable\"}"
+        ) && l.ends_with(" 3")),
+        "{text}"
+    );
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exits within 10 s of SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    drain.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fifo_limit_guards_the_python_servers_pool_through_the_gateway() {
+    let upstream = python_server().await;
+    // Two in flight, two waiting: of six calls at once, two are refused and never reach the
+    // upstream.
+    let config = Config::from_toml(
+        "[sessions]\nburst = 100.0\n[fifo.keys.slow]\nmax_concurrent = 2\nmax_queue_depth = 2\n",
+    )
+    .unwrap();
+    let (url, _control) = gateway(&upstream.url, config).await;
+    let mut command = tokio::process::Command::new(python());
+    command.args([
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/gateway/python_client.py"
+        ),
+        &url,
+        "burst",
+    ]);
+    let report = report(command, "the Python client").await;
+    let answers = report["answers"].as_array().unwrap();
+    let ok = answers.iter().filter(|a| a["ok"] == true).count();
+    let full: Vec<&Value> = answers
+        .iter()
+        .filter(|a| a["data"]["reason"] == "queue_full")
+        .collect();
+    assert_eq!((ok, full.len()), (4, 2), "{report}");
+    assert_eq!(full[0]["code"], -32029, "{report}");
+    assert_eq!(
+        report["stats"]["slow_started"], 4,
+        "refused calls never ran: {report}"
+    );
+    assert_eq!(report["stats"]["in_pool"], 0, "{report}");
+}
