@@ -11,7 +11,6 @@ mod common;
 mod app;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use serde_json::Value;
 use stormgate::control::{Config, Control};
@@ -42,27 +41,6 @@ async fn serve(config: Config) -> (String, Control) {
     (format!("http://{addr}/mcp"), control)
 }
 
-/// Runs a driver (`what` names it and its installer in failures); the JSON report it prints.
-async fn report(mut command: tokio::process::Command, what: &str) -> Value {
-    let run = command.kill_on_drop(true).output();
-    let out = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within 120 s"))
-        .unwrap_or_else(|e| panic!("{what}: {e} (.ci/run installs it)"));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{what} failed ({}; .ci/run installs it):\n{stderr}",
-        out.status
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not a report ({e}): {}\n{stderr}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
-
 /// The Python driver, with the `mcp` package of `STORMGATE_PYTHON` (default `python3`).
 async fn python(url: &str, mode: &str) -> Value {
     let script = concat!(
@@ -72,7 +50,7 @@ async fn python(url: &str, mode: &str) -> Value {
     let python = std::env::var("STORMGATE_PYTHON").unwrap_or_else(|_| "python3".into());
     let mut command = tokio::process::Command::new(&python);
     command.args([script, url, mode]);
-    report(command, &format!("the Python client ({python} with mcp)")).await
+    common::report(command, &format!("the Python client ({python} with mcp)")).await
 }
 
 /// The TypeScript driver, with Node and the SDK installed in `STORMGATE_NODE_DIR` (default
@@ -87,7 +65,7 @@ async fn typescript(url: &str, storm_tool: &str) -> Value {
         url,
         storm_tool,
     ]);
-    report(
+    common::report(
         command,
         &format!("the TypeScript client (node@22 and the SDK in {dir})"),
     )

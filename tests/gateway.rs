@@ -91,17 +91,6 @@ where
     (parts.status, parts.headers, value)
 }
 
-/// Waits (real time: real sockets) until `cond` holds, at most 5 s.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..500 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{what} did not happen within 5 s");
-}
-
 /// Sets its flag when dropped: what the upstream's handler holds, to see it cancelled.
 struct Dropped(Arc<AtomicBool>);
 
@@ -321,7 +310,7 @@ async fn sse_events_pass_one_by_one_and_a_client_that_goes_drops_the_upstream_st
     );
     // The client goes: the upstream's stream is dropped too.
     drop(body);
-    until("the upstream stream dropped", || {
+    common::until("the upstream stream dropped", || {
         dropped.load(Ordering::SeqCst)
     })
     .await;
@@ -349,7 +338,7 @@ async fn a_client_that_goes_before_the_answer_drops_the_upstream_request() {
     let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
                       "params": {"name": "slow", "arguments": {}}});
     let request = tokio::spawn(client().request(post(&url, &call, &[])));
-    until("the upstream handler started", || {
+    common::until("the upstream handler started", || {
         started.load(Ordering::SeqCst) == 1
     })
     .await;
@@ -357,7 +346,7 @@ async fn a_client_that_goes_before_the_answer_drops_the_upstream_request() {
     // The client gives up (its connection closes): the gateway drops the upstream request,
     // whose connection closes, and the upstream's handler is dropped.
     request.abort();
-    until("the upstream request dropped", || {
+    common::until("the upstream request dropped", || {
         dropped.load(Ordering::SeqCst)
     })
     .await;
@@ -500,26 +489,6 @@ async fn ts_server() -> Upstream {
     .await
 }
 
-/// Runs a client driver; the JSON report it prints.
-async fn report(mut command: tokio::process::Command, what: &str) -> Value {
-    let out = tokio::time::timeout(Duration::from_secs(60), command.kill_on_drop(true).output())
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within 60 s"))
-        .unwrap_or_else(|e| panic!("{what}: {e} (.ci/run installs it)"));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{stderr}",
-        out.status
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not a report ({e}): {}\n{stderr}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
-
 async fn python_client(url: &str) -> Value {
     let mut command = tokio::process::Command::new(python());
     command.args([
@@ -529,7 +498,7 @@ async fn python_client(url: &str) -> Value {
         ),
         url,
     ]);
-    report(command, "the Python client").await
+    common::report(command, "the Python client").await
 }
 
 async fn ts_client(url: &str) -> Value {
@@ -541,7 +510,7 @@ async fn ts_client(url: &str) -> Value {
         include_str!("gateway/ts_client.mjs"),
         url,
     ]);
-    report(command, "the TypeScript client").await
+    common::report(command, "the TypeScript client").await
 }
 
 /// One session may make six quick calls, then one a second: the four tools once and a short
@@ -876,79 +845,16 @@ fn the_gateway_section_cannot_change_while_running_and_a_document_without_it_kee
 // The conformance suite
 // ---------------------------------------------------------------------------------------
 
-/// Per scenario, each check's id and status, from the suite's output directory.
-fn suite_results(
-    dir: &std::path::Path,
-) -> std::collections::BTreeMap<String, Vec<(String, String)>> {
-    let mut out = std::collections::BTreeMap::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        // "server-<scenario>-<24-character timestamp>"
-        let scenario = name[..name.len().saturating_sub(25)].to_owned();
-        let checks: Value =
-            serde_json::from_str(&std::fs::read_to_string(path.join("checks.json")).unwrap())
-                .unwrap();
-        let checks = checks
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| {
-                (
-                    c["id"].as_str().unwrap().to_owned(),
-                    c["status"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
-        out.insert(scenario, checks);
-    }
-    out
-}
-
-/// The official conformance suite (pinned, installed by .ci/run) against `url`.
-async fn run_suite(
-    url: &str,
-    name: &str,
-) -> std::collections::BTreeMap<String, Vec<(String, String)>> {
-    let dir = common::node_dir();
-    let out = std::env::temp_dir().join(format!(
-        "stormgate-gateway-conformance-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&out);
-    let run = tokio::process::Command::new(format!("{dir}/node_modules/.bin/node"))
-        .current_dir(&dir)
-        .arg("node_modules/@modelcontextprotocol/conformance/dist/index.js")
-        .args(["server", "--url", url, "-o"])
-        .arg(&out)
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(300), run)
-        .await
-        .expect("the suite finished within 300 s")
-        .unwrap_or_else(|e| panic!("{dir}: {e} (.ci/run installs the suite there)"));
-    // The suite exits non-zero when a scenario fails; the results are in its directory.
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        stdout.contains("Total:"),
-        "the suite ran: {stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let results = suite_results(&out);
-    let _ = std::fs::remove_dir_all(&out);
-    results
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_conformance_suite_through_the_gateway_in_off_gives_the_upstreams_results() {
     let upstream = ts_server().await;
-    let direct = run_suite(&upstream.url, "direct").await;
+    let direct = common::conformance_suite(&upstream.url, "gateway-direct").await;
     let config = Config {
         mode: Mode::Off,
         ..Config::default()
     };
     let (url, _control) = gateway(&upstream.url, config).await;
-    let through = run_suite(&url, "gateway").await;
+    let through = common::conformance_suite(&url, "gateway-through").await;
     assert!(direct.len() >= 20, "{} scenarios", direct.len());
     assert!(
         direct
@@ -1021,7 +927,7 @@ async fn outcomes_are_learned_from_the_upstreams_answers() {
             .find(|i| i.target.as_deref() == Some(tool))
             .and_then(|i| i.outcome)
     };
-    until("both outcomes learned", || {
+    common::until("both outcomes learned", || {
         outcome("echo").is_some() && outcome("fail").is_some()
     })
     .await;
@@ -1063,7 +969,7 @@ async fn a_deadline_cuts_a_proxied_call_and_drops_its_upstream_request() {
         body["error"]["data"]["reason"], "deadline_exceeded",
         "{body}"
     );
-    until("the upstream request dropped", || {
+    common::until("the upstream request dropped", || {
         dropped.load(Ordering::SeqCst)
     })
     .await;
@@ -1158,7 +1064,7 @@ async fn the_fifo_limit_guards_the_python_servers_pool_through_the_gateway() {
         &url,
         "burst",
     ]);
-    let report = report(command, "the Python client").await;
+    let report = common::report(command, "the Python client").await;
     let answers = report["answers"].as_array().unwrap();
     let ok = answers.iter().filter(|a| a["ok"] == true).count();
     let full: Vec<&Value> = answers

@@ -231,3 +231,89 @@ pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     }
     panic!("{what} did not happen within 5 s");
 }
+
+/// Per scenario, each check's id and status, from the conformance suite's output directory.
+pub fn conformance_results(
+    dir: &std::path::Path,
+) -> std::collections::BTreeMap<String, Vec<(String, String)>> {
+    let mut out = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        // "server-<scenario>-<24-character timestamp>"
+        let scenario = name[..name.len().saturating_sub(25)].to_owned();
+        let checks: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path.join("checks.json")).unwrap())
+                .unwrap();
+        let checks = checks
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["id"].as_str().unwrap().to_owned(),
+                    c["status"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        out.insert(scenario, checks);
+    }
+    out
+}
+
+/// The official conformance suite (pinned, installed by .ci/run) against the MCP endpoint
+/// `url`; `name` tells its output directory apart. Its per-check results.
+pub async fn conformance_suite(
+    url: &str,
+    name: &str,
+) -> std::collections::BTreeMap<String, Vec<(String, String)>> {
+    let dir = node_dir();
+    let out = std::env::temp_dir().join(format!(
+        "stormgate-conformance-{}-{name}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&out);
+    let run = tokio::process::Command::new(format!("{dir}/node_modules/.bin/node"))
+        .current_dir(&dir)
+        .arg("node_modules/@modelcontextprotocol/conformance/dist/index.js")
+        .args(["server", "--url", url, "-o"])
+        .arg(&out)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(std::time::Duration::from_secs(300), run)
+        .await
+        .expect("the suite finished within 300 s")
+        .unwrap_or_else(|e| panic!("{dir}: {e} (.ci/run installs the suite there)"));
+    // The suite exits non-zero when a scenario fails; the results are in its directory.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("Total:"),
+        "the suite ran: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results = conformance_results(&out);
+    let _ = std::fs::remove_dir_all(&out);
+    results
+}
+
+/// Runs a client or server driver (`what` names it and its installer in failures), at most
+/// 120 s; the JSON report it prints.
+pub async fn report(mut command: tokio::process::Command, what: &str) -> serde_json::Value {
+    let run = command.kill_on_drop(true).output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(120), run)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within 120 s"))
+        .unwrap_or_else(|e| panic!("{what}: {e} (.ci/run installs it)"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{what} failed ({}; .ci/run installs it):\n{stderr}",
+        out.status
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not a report ({e}): {}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
