@@ -609,6 +609,32 @@ async fn typescript_server_behind_the_gateway_serves_both_sdks_and_refuses_a_sto
 
 const BIN: &str = env!("CARGO_BIN_EXE_stormgate");
 
+/// Waits (at most 10 s) until the binary `child` (its stderr piped) logs where it listens;
+/// that address, and a task that keeps reading its logs, so it never blocks on a full pipe,
+/// and returns them all once it exits.
+async fn listening(child: &mut tokio::process::Child) -> (String, tokio::task::JoinHandle<String>) {
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                return rest.split('/').next().unwrap().to_owned();
+            }
+        }
+        panic!("the binary exited before listening");
+    })
+    .await
+    .expect("the binary listens within 10 s");
+    let logs = tokio::spawn(async move {
+        let mut all = String::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    (addr, logs)
+}
+
 fn bin() -> std::process::Command {
     let mut c = std::process::Command::new(BIN);
     for var in [
@@ -696,26 +722,7 @@ async fn the_binary_proxies_serves_metrics_and_exits_0_on_sigterm() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                return rest.split('/').next().unwrap().to_owned();
-            }
-        }
-        panic!("the binary exited before listening");
-    })
-    .await
-    .expect("the binary listens within 10 s");
-    // Keep reading its logs so it never blocks on a full pipe.
-    let logs = tokio::spawn(async move {
-        let mut all = String::new();
-        while let Ok(Some(line)) = lines.next_line().await {
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
+    let (addr, logs) = listening(&mut child).await;
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
     let (status, headers, body) = json_of(
         client()
@@ -988,18 +995,7 @@ async fn the_binary_counts_upstream_failures_in_its_metrics() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                return rest.split('/').next().unwrap().to_owned();
-            }
-        }
-        panic!("the binary exited before listening");
-    })
-    .await
-    .expect("the binary listens within 10 s");
-    let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let (addr, drain) = listening(&mut child).await;
     let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
                       "params": {"name": "echo", "arguments": {}}});
     for _ in 0..3 {
