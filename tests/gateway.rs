@@ -708,6 +708,88 @@ fn the_binary_refuses_bad_input_with_exit_code_2_and_a_message() {
     assert!(String::from_utf8_lossy(&help.stdout).contains("usage: stormgate --upstream URL"));
 }
 
+/// An upstream answering every request with a JSON-RPC result, counting them.
+fn counting_upstream(seen: Arc<AtomicUsize>) -> Router {
+    Router::new().route(
+        "/mcp",
+        any(move || {
+            seen.fetch_add(1, Ordering::SeqCst);
+            async {
+                (
+                    [("content-type", "application/json")],
+                    r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+                )
+            }
+        }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_refuses_a_rebound_host_or_origin_before_the_upstream() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let upstream = serve(counting_upstream(seen.clone())).await;
+    let config =
+        std::env::temp_dir().join(format!("stormgate-gw-hosts-{}.toml", std::process::id()));
+    std::fs::write(&config, "[gateway]\nallowed_hosts = [\"mcp.internal\"]\n").unwrap();
+    let mut child = tokio::process::Command::from(bin())
+        .arg("--config")
+        .arg(&config)
+        .env("STORMGATE_LISTEN", "127.0.0.1:0")
+        .env("STORMGATE_UPSTREAM", format!("http://{upstream}/mcp"))
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (addr, logs) = listening(&mut child).await;
+    let port = addr.rsplit(':').next().unwrap().to_owned();
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let url = format!("http://{addr}/mcp");
+    // A page on evil.example whose name was rebound to 127.0.0.1 sends its own name as Host,
+    // or its Origin; neither reaches the upstream.
+    for (host, origin) in [
+        (format!("evil.example:{port}"), None),
+        (addr.clone(), Some("http://evil.example")),
+        (addr.clone(), Some("null")),
+    ] {
+        let mut headers = vec![("host", host.as_str())];
+        headers.extend(origin.map(|o| ("origin", o)));
+        let (status, _, body) =
+            json_of(client().request(post(&url, &list, &headers)).await.unwrap()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{host} {origin:?}: {body}");
+        assert_eq!(body["error"]["code"], -32600, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("allowed_hosts"),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        0,
+        "nothing refused reached the upstream"
+    );
+    // Loopback names, a loopback page's Origin, and the listed name pass.
+    let listed = format!("mcp.internal:{port}");
+    for (host, origin) in [
+        (addr.as_str(), None),
+        (addr.as_str(), Some("http://localhost:5173")),
+        (listed.as_str(), None),
+    ] {
+        let mut headers = vec![("host", host)];
+        headers.extend(origin.map(|o| ("origin", o)));
+        let (status, _, body) =
+            json_of(client().request(post(&url, &list, &headers)).await.unwrap()).await;
+        assert_eq!(status, StatusCode::OK, "{host} {origin:?}: {body}");
+    }
+    assert_eq!(seen.load(Ordering::SeqCst), 3);
+    child.start_kill().unwrap();
+    let _ = child.wait().await;
+    logs.abort();
+    let _ = std::fs::remove_file(&config);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_proxies_serves_metrics_and_exits_0_on_sigterm() {
     let upstream = serve(echo_headers_upstream()).await;

@@ -59,6 +59,13 @@ pub struct GatewayConfig {
     /// the gateway unless said otherwise. At most [`MAX_FORWARD_HEADERS`]; hop-by-hop headers
     /// (`connection`, `host`, `transfer-encoding`, ...) cannot be listed.
     pub forward_headers: Vec<String>,
+    /// Names (`host` or `host:port`) a request's `Host`, and its `Origin` when it has one, may
+    /// carry, besides `localhost`, `127.0.0.1` and `[::1]` when the gateway listens on a
+    /// loopback address; on another address an empty list checks nothing. Anything else is
+    /// answered 403 before the stack reads it: the DNS-rebinding guard the upstream can no
+    /// longer apply, since the proxy rewrites `Host` (see [`Hosts`](super::Hosts)). At most
+    /// [`MAX_ALLOWED_HOSTS`](super::MAX_ALLOWED_HOSTS) names. Default none.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for GatewayConfig {
@@ -70,6 +77,7 @@ impl Default for GatewayConfig {
             pool_idle_timeout: Duration::from_secs(90),
             pool_max_idle: 64,
             forward_headers: Vec::new(),
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -124,6 +132,7 @@ impl GatewayConfig {
             }
         }
         self.forward_header_names()?;
+        super::hosts::validate(&self.allowed_hosts)?;
         Ok(())
     }
 

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use axum::Router;
 use axum::routing::get;
 use stormgate::control::{Config, Control};
-use stormgate::gateway::Proxy;
+use stormgate::gateway::{Hosts, HostsLayer, Proxy};
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -128,6 +128,17 @@ async fn run(options: cli::Options, config: Config, proxy: Proxy) -> ExitCode {
     if let Some(admin) = admin.clone() {
         app = app.nest("/admin", admin);
     }
+    // Outermost: a request from a page whose name was rebound to this address goes no further.
+    let allowed = control
+        .config()
+        .gateway
+        .as_ref()
+        .map(|g| g.allowed_hosts.clone())
+        .unwrap_or_default();
+    let app = app.layer(HostsLayer::new(Hosts::new(
+        &allowed,
+        options.listen.ip().is_loopback(),
+    )));
     let listener = match tokio::net::TcpListener::bind(options.listen).await {
         Ok(listener) => listener,
         Err(e) => {

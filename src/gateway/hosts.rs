@@ -1,0 +1,315 @@
+//! The gateway's DNS-rebinding guard: which `Host` and `Origin` a request to the gateway may
+//! carry.
+//!
+//! The proxy rewrites `Host` to the upstream's own authority, so an upstream that guards
+//! itself against DNS rebinding by its `Host` (as the TypeScript SDK's host validation does)
+//! would let every request through once it sits behind the gateway. The gateway therefore
+//! checks the request's own `Host`, and its `Origin` when a browser sent one, before anything
+//! else reads the request: a web page whose name was rebound to the gateway's address is
+//! answered 403 and reaches neither the stack nor the upstream.
+//!
+//! Listening on a loopback address, the gateway accepts `localhost`, `127.0.0.1` and `[::1]`
+//! (any port) and the names of `allowed_hosts`; listening elsewhere, only the names of
+//! `allowed_hosts`, and anything when it is empty (a gateway on a public address is reached
+//! by names it cannot guess; list them to guard it).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::response::Response;
+use http::{HeaderMap, Request, StatusCode, header};
+use pin_project_lite::pin_project;
+
+use crate::error::ConfigError;
+
+/// Names `allowed_hosts` may list at most.
+pub const MAX_ALLOWED_HOSTS: usize = 32;
+/// The longest name `allowed_hosts` may list, bytes (a DNS name is at most 253).
+pub const MAX_HOST_LEN: usize = 255;
+
+/// The names a loopback gateway accepts whatever `allowed_hosts` lists.
+const LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
+
+/// Checks `allowed_hosts`: at most [`MAX_ALLOWED_HOSTS`] names, each a host or `host:port`
+/// of at most [`MAX_HOST_LEN`] bytes, without a scheme, path or spaces.
+pub(crate) fn validate(allowed: &[String]) -> Result<(), ConfigError> {
+    let field = "gateway.allowed_hosts";
+    if allowed.len() > MAX_ALLOWED_HOSTS {
+        return Err(ConfigError::new(
+            field,
+            format!("at most {MAX_ALLOWED_HOSTS} names"),
+        ));
+    }
+    for name in allowed {
+        let bad = name.is_empty()
+            || name.len() > MAX_HOST_LEN
+            || name
+                .bytes()
+                .any(|b| b.is_ascii_whitespace() || b.is_ascii_control() || b"/?#@".contains(&b));
+        if bad {
+            let shown: String = name.chars().take(64).collect();
+            return Err(ConfigError::new(
+                field,
+                format!("{shown:?} is not a host or host:port (at most {MAX_HOST_LEN} bytes)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The `Host` and `Origin` values a gateway accepts. See the [module docs](self).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hosts {
+    /// Lowercase names, each a host or `host:port`.
+    names: Vec<String>,
+    /// Whether nothing is checked (not on loopback, and no name listed).
+    open: bool,
+}
+
+impl Hosts {
+    /// The guard of a gateway listening on `loopback` (or not) with `allowed_hosts` listed.
+    pub fn new(allowed_hosts: &[String], loopback: bool) -> Hosts {
+        let mut names: Vec<String> = allowed_hosts
+            .iter()
+            .map(|n| n.to_ascii_lowercase())
+            .collect();
+        if loopback {
+            names.extend(LOOPBACK.iter().map(|n| (*n).to_owned()));
+        }
+        Hosts {
+            open: names.is_empty(),
+            names,
+        }
+    }
+
+    /// Whether `authority` (`host` or `host:port`, as in `Host`) is accepted: listed as it
+    /// is, or its host part listed.
+    fn accepts(&self, authority: &str) -> bool {
+        let authority = authority.trim().to_ascii_lowercase();
+        let host = match authority.rsplit_once(':') {
+            // `[::1]:4000`, `a.b:80`; not the inside of a bare `[::1]`.
+            Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+            _ => authority.as_str(),
+        };
+        self.names.iter().any(|n| *n == authority || n == host)
+    }
+
+    /// Whether a request with `headers` may pass: its `Host` accepted, and its `Origin`, when
+    /// it has one, naming an accepted host. A missing or unreadable `Host` is refused.
+    pub fn allows(&self, headers: &HeaderMap) -> bool {
+        if self.open {
+            return true;
+        }
+        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+        if !host.is_some_and(|h| self.accepts(h)) {
+            return false;
+        }
+        match headers.get(header::ORIGIN) {
+            None => true,
+            Some(origin) => origin
+                .to_str()
+                .ok()
+                .and_then(|o| o.split_once("://"))
+                .is_some_and(|(_, authority)| self.accepts(authority)),
+        }
+    }
+}
+
+/// The guard as a tower layer: put it outermost on the gateway's router
+/// (`app.layer(HostsLayer::new(hosts))`).
+#[derive(Debug, Clone)]
+pub struct HostsLayer {
+    hosts: Arc<Hosts>,
+}
+
+impl HostsLayer {
+    /// A layer refusing what `hosts` does not allow.
+    pub fn new(hosts: Hosts) -> HostsLayer {
+        HostsLayer {
+            hosts: Arc::new(hosts),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for HostsLayer {
+    type Service = HostCheck<S>;
+
+    fn layer(&self, inner: S) -> HostCheck<S> {
+        HostCheck {
+            inner,
+            hosts: self.hosts.clone(),
+        }
+    }
+}
+
+/// Answers 403 (a JSON-RPC invalid-request error) to a request whose `Host` or `Origin` the
+/// gateway does not accept; passes the others on. Built by [`HostsLayer`].
+#[derive(Clone)]
+pub struct HostCheck<S> {
+    inner: S,
+    hosts: Arc<Hosts>,
+}
+
+impl<S> fmt::Debug for HostCheck<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostCheck")
+            .field("hosts", &self.hosts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B> tower::Service<Request<B>> for HostCheck<S>
+where
+    S: tower::Service<Request<B>, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = HostCheckFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        if self.hosts.allows(req.headers()) {
+            return HostCheckFuture {
+                state: State::Inner {
+                    future: self.inner.call(req),
+                },
+            };
+        }
+        tracing::debug!("a request's Host or Origin is not accepted: 403");
+        HostCheckFuture {
+            state: State::Refused {
+                answer: Some(crate::mcp::reply::invalid_request(
+                    StatusCode::FORBIDDEN,
+                    "Host or Origin not accepted by this gateway (see gateway.allowed_hosts)",
+                )),
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// The future of [`HostCheck`]: the inner service's, or the refusal.
+    pub struct HostCheckFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = Projected]
+    enum State<F> {
+        // Passed on.
+        Inner { #[pin] future: F },
+        // Refused: the 403 answer, until taken.
+        Refused { answer: Option<Response> },
+    }
+}
+
+impl<F> fmt::Debug for HostCheckFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostCheckFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, E> Future for HostCheckFuture<F>
+where
+    F: Future<Output = Result<Response, E>>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            Projected::Inner { future } => future.poll(cx),
+            Projected::Refused { answer } => {
+                Poll::Ready(Ok(answer.take().expect("polled after completion")))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(host: Option<&str>, origin: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(host) = host {
+            h.insert(header::HOST, host.parse().unwrap());
+        }
+        if let Some(origin) = origin {
+            h.insert(header::ORIGIN, origin.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn a_loopback_gateway_accepts_loopback_names_and_refuses_a_rebound_one() {
+        let hosts = Hosts::new(&[], true);
+        for host in [
+            "127.0.0.1:4000",
+            "localhost:4000",
+            "LOCALHOST",
+            "[::1]:4000",
+            "[::1]",
+        ] {
+            assert!(hosts.allows(&headers(Some(host), None)), "{host}");
+        }
+        for host in [
+            "evil.example:4000",
+            "127.0.0.2:4000",
+            "localhost.evil.example",
+            "[::2]:4000",
+        ] {
+            assert!(!hosts.allows(&headers(Some(host), None)), "{host}");
+        }
+        assert!(!hosts.allows(&headers(None, None)), "no Host");
+        // A browser's page: its Origin counts too, whatever the Host.
+        assert!(hosts.allows(&headers(
+            Some("127.0.0.1:4000"),
+            Some("http://localhost:3000")
+        )));
+        for origin in ["http://evil.example", "null", "evil.example"] {
+            assert!(
+                !hosts.allows(&headers(Some("127.0.0.1:4000"), Some(origin))),
+                "{origin}"
+            );
+        }
+    }
+
+    #[test]
+    fn listed_names_are_accepted_by_host_or_by_host_and_port() {
+        let hosts = Hosts::new(&["MCP.internal".into(), "gw.example:8443".into()], false);
+        assert!(hosts.allows(&headers(Some("mcp.internal:4000"), None)));
+        assert!(hosts.allows(&headers(Some("gw.example:8443"), None)));
+        assert!(!hosts.allows(&headers(Some("gw.example:9000"), None)));
+        assert!(
+            !hosts.allows(&headers(Some("127.0.0.1:4000"), None)),
+            "not on loopback"
+        );
+        // Not on loopback and nothing listed: nothing to check against.
+        assert!(Hosts::new(&[], false).allows(&headers(Some("anything:1"), None)));
+    }
+
+    #[test]
+    fn the_list_is_bounded_and_checked() {
+        assert!(validate(&["a.b".into(), "a.b:80".into(), "[::1]:4000".into()]).is_ok());
+        for bad in [
+            "",
+            "http://a.b",
+            "a b",
+            "a.b/x",
+            &"x".repeat(MAX_HOST_LEN + 1),
+        ] {
+            let err = validate(&[bad.to_owned()]).unwrap_err();
+            assert_eq!(err.field, "gateway.allowed_hosts", "{bad:?}");
+        }
+        let many: Vec<String> = (0..=MAX_ALLOWED_HOSTS).map(|i| format!("h{i}")).collect();
+        assert!(validate(&many).is_err());
+    }
+}
