@@ -60,7 +60,28 @@ pub(crate) fn validate(allowed: &[String]) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The `Host` and `Origin` values a gateway accepts. See the [module docs](self).
+/// The `Host` and `Origin` values a gateway accepts: the DNS-rebinding guard the upstream
+/// can no longer apply once the proxy rewrites `Host` to the upstream's authority.
+///
+/// On a loopback listen address: `localhost`, `127.0.0.1` and `[::1]` (any port) and the
+/// listed names; on another address only the listed names, and anything when none is listed.
+/// A listed name matches a `Host` equal to it or whose host part is it. An `Origin`, when
+/// present, must name an accepted host too (`null` never does).
+///
+/// ```
+/// use http::HeaderMap;
+/// use stormgate::gateway::Hosts;
+///
+/// let hosts = Hosts::new(&["mcp.internal".into()], true);
+/// let mut h = HeaderMap::new();
+/// h.insert("host", "127.0.0.1:4000".parse().unwrap());
+/// assert!(hosts.allows(&h));
+/// h.insert("origin", "http://evil.example".parse().unwrap());
+/// assert!(!hosts.allows(&h), "a page on another site");
+/// h.insert("host", "mcp.internal:4000".parse().unwrap());
+/// h.remove("origin");
+/// assert!(hosts.allows(&h));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hosts {
     /// Lowercase names, each a host or `host:port`.
