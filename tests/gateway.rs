@@ -1157,3 +1157,102 @@ async fn the_fifo_limit_guards_the_python_servers_pool_through_the_gateway() {
     );
     assert_eq!(report["stats"]["in_pool"], 0, "{report}");
 }
+
+/// The JSON-RPC message of an answer, JSON or the first `data:` line of an SSE stream that
+/// holds one.
+fn message_of(text: &str) -> Value {
+    if let Ok(v) = serde_json::from_str(text) {
+        return v;
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .find_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .unwrap_or_else(|| panic!("no JSON-RPC message in {text:?}"))
+}
+
+/// One MCP session through the gateway at `url`, by hand: its id.
+async fn open_session(url: &str) -> String {
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "gateway-test", "version": "1"}}});
+    let answer = client().request(post(url, &init, &[])).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    let session = answer.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    answer.into_body().collect().await.unwrap();
+    let done = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let headers = [
+        ("mcp-session-id", session.as_str()),
+        ("mcp-protocol-version", "2025-06-18"),
+    ];
+    let answer = client().request(post(url, &done, &headers)).await.unwrap();
+    assert!(answer.status().is_success(), "{}", answer.status());
+    answer.into_body().collect().await.unwrap();
+    session
+}
+
+/// The Python server's pool counters, asked on `session` through the gateway.
+async fn upstream_stats(url: &str, session: &str, id: u64) -> Value {
+    let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                      "params": {"name": "stats", "arguments": {}}});
+    let headers = [
+        ("mcp-session-id", session),
+        ("mcp-protocol-version", "2025-06-18"),
+    ];
+    let answer = client().request(post(url, &call, &headers)).await.unwrap();
+    let text = answer.into_body().collect().await.unwrap().to_bytes();
+    let message = message_of(&String::from_utf8_lossy(&text));
+    let stats = message["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{message}"));
+    serde_json::from_str(stats).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_mid_call_gets_the_upstream_tool_cancelled_and_its_pool_place_back() {
+    let upstream = python_server().await;
+    // Budgets the test's own polling never reaches.
+    let config = Config::from_toml("[sessions]\nbase_budget = 1000.0\nburst = 1000.0\n").unwrap();
+    let (url, _control) = gateway(&upstream.url, config).await;
+    let session = open_session(&url).await;
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                      "params": {"name": "slow", "arguments": {"ms": 20000}}});
+    let headers = [
+        ("mcp-session-id", session.as_str()),
+        ("mcp-protocol-version", "2025-06-18"),
+    ];
+    let answer = client().request(post(&url, &call, &headers)).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    // The tool holds a pool place...
+    let mut id = 100;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        id += 1;
+        let stats = upstream_stats(&url, &session, id).await;
+        if stats["in_pool"] == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slow call never started: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // ... and the client goes, its answer unread. The server would hold the place 20 s.
+    drop(answer);
+    loop {
+        id += 1;
+        let stats = upstream_stats(&url, &session, id).await;
+        if stats["slow_cancelled"] == 1 && stats["in_pool"] == 0 {
+            assert_eq!(stats["slow_finished"], 0, "{stats}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline + Duration::from_secs(5),
+            "the upstream kept running the abandoned call: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

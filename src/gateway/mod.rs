@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+mod cancel;
 mod config;
 mod hosts;
 mod proxy;

@@ -18,6 +18,7 @@ use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::value::RawValue;
 
+use super::cancel::{Cancel, CancelOnDrop};
 use super::config::{GatewayConfig, parse_upstream};
 use crate::call::{CallKind, Calls};
 use crate::error::ConfigError;
@@ -105,7 +106,8 @@ impl fmt::Display for UpstreamFailure {
     }
 }
 
-struct Upstream {
+/// The upstream and the client that reaches it, shared by every request of one proxy.
+pub(super) struct Upstream {
     client: Client<HttpConnector, Body>,
     /// `scheme://authority`, for every request.
     scheme: http::uri::Scheme,
@@ -121,6 +123,27 @@ struct Upstream {
 }
 
 impl Upstream {
+    /// Sends the notification `body` (JSON-RPC text) with `headers`, at most the request
+    /// timeout; its answer read and dropped, failures ignored (it is a courtesy).
+    pub(super) async fn notify(&self, headers: HeaderMap, body: String) {
+        let uri = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(self.path_and_query.clone())
+            .build()
+            .unwrap_or_default();
+        let mut req = Request::new(Body::from(body));
+        *req.method_mut() = http::Method::POST;
+        *req.uri_mut() = uri;
+        *req.headers_mut() = headers;
+        let sent = async {
+            if let Ok(answer) = self.client.request(req).await {
+                let _ = http_body_util::BodyExt::collect(answer.into_body()).await;
+            }
+        };
+        let _ = tokio::time::timeout(self.request_timeout, sent).await;
+    }
+
     /// Whether this failure is logged: the first, then at most one a second (a storm against
     /// a dead upstream would otherwise write a line per request; the counter counts each).
     fn should_warn(&self) -> bool {
@@ -151,7 +174,10 @@ impl Upstream {
 ///   when the request carried none the stack classified (GET, DELETE, notifications, or
 ///   mode `off` with `pass_through`).
 /// * Nothing is spawned per request: when the client goes, its response future or body is
-///   dropped, and with it the upstream request (its connection is closed).
+///   dropped, and with it the upstream request (its connection is closed). When that request
+///   carried calls whose answer had not ended, the upstream is also sent
+///   `notifications/cancelled` for each (from one task), since a server may keep running a
+///   tool whose connection closed.
 #[derive(Clone)]
 pub struct Proxy {
     upstream: Arc<Upstream>,
@@ -342,13 +368,15 @@ pub(crate) fn failure_answer(failure: UpstreamFailure, calls: Option<&Calls>) ->
 
 pin_project_lite::pin_project! {
     /// The future of one proxied request (no box of its own): the upstream's answer, or the
-    /// gateway's error answer when none came. Dropping it drops the upstream request.
+    /// gateway's error answer when none came. Dropping it drops the upstream request, and
+    /// cancels its calls upstream (`notifications/cancelled`).
     pub struct ProxyFuture {
         #[pin]
         sent: tokio::time::Timeout<ResponseFuture>,
         calls: Option<Calls>,
         method: http::Method,
         upstream: Arc<Upstream>,
+        cancel: Option<Cancel>,
     }
 }
 
@@ -369,12 +397,24 @@ impl Future for ProxyFuture {
             Ok(Ok(answer)) => {
                 let (mut parts, body) = answer.into_parts();
                 strip_answer_headers(&mut parts.headers);
-                return Poll::Ready(Ok(Response::from_parts(parts, Body::new(body))));
+                // The calls stay cancellable until their answer's body ends.
+                let body = match this.cancel.take() {
+                    Some(cancel) => Body::new(CancelOnDrop::new(body, cancel)),
+                    None => Body::new(body),
+                };
+                return Poll::Ready(Ok(Response::from_parts(parts, body)));
             }
             Ok(Err(e)) if e.is_connect() => UpstreamFailure::Connect,
             Ok(Err(_)) => UpstreamFailure::Broken,
             Err(_) => UpstreamFailure::Timeout,
         };
+        // Unreachable or broken: nothing runs upstream to cancel. Timed out: it may still
+        // run, and the cancellation is sent as the future is dropped.
+        if failure != UpstreamFailure::Timeout
+            && let Some(cancel) = this.cancel.as_mut()
+        {
+            cancel.disarm();
+        }
         ::metrics::counter!(
             crate::metrics::GATEWAY_UPSTREAM_FAILURES,
             "reason" => failure.as_str()
@@ -407,12 +447,18 @@ impl tower::Service<Request<Body>> for Proxy {
         let method = req.method().clone();
         let out = self.outbound(req);
         let upstream = self.upstream.clone();
+        let cancel = if method == http::Method::POST {
+            Cancel::of(calls.as_ref(), &upstream, out.headers())
+        } else {
+            None
+        };
         let sent = tokio::time::timeout(upstream.request_timeout, upstream.client.request(out));
         ProxyFuture {
             sent,
             calls,
             method,
             upstream,
+            cancel,
         }
     }
 }
