@@ -194,6 +194,15 @@ fn deliver(text: &[u8], listener: &mut impl Listener) {
     }
 }
 
+/// Whether `frame`, just polled from a body, is the body's last: its end, an error, or a
+/// frame after which the body says it has ended (`end_stream`: a sized body such as hyper's
+/// `Incoming` with a Content-Length, or a `Full`). A server stops polling a body that says it
+/// has ended, so whatever waits for the end must not wait for a `None` that never comes. The
+/// one rule of every body wrapper that settles something at the end of an answer.
+pub(crate) fn is_last<D, E>(frame: &Option<Result<Frame<D>, E>>, end_stream: bool) -> bool {
+    !matches!(frame, Some(Ok(_))) || end_stream
+}
+
 pin_project! {
     /// A response body passed on unchanged, frame by frame, and scanned for `L` as it goes.
     pub(crate) struct AnswerBody<B, L> {
@@ -232,26 +241,16 @@ where
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
         if !*this.ended {
-            match &frame {
-                Some(Ok(f)) => {
-                    if let Some(data) = f.data_ref() {
-                        this.scan.feed(data, this.listener);
-                    }
-                    // A body that knows it has ended (a sized body, such as hyper's `Incoming`
-                    // with a Content-Length, or a `Full`) says so after its last frame, and a
-                    // server stops polling it there: the answer ends now, not at a `None`
-                    // that never comes.
-                    if this.inner.is_end_stream() {
-                        *this.ended = true;
-                        this.scan.finish(this.listener);
-                    }
-                }
-                Some(Err(_)) => {
-                    *this.ended = true;
+            if let Some(Ok(f)) = &frame
+                && let Some(data) = f.data_ref()
+            {
+                this.scan.feed(data, this.listener);
+            }
+            if is_last(&frame, this.inner.is_end_stream()) {
+                *this.ended = true;
+                if matches!(frame, Some(Err(_))) {
                     this.listener.end();
-                }
-                None => {
-                    *this.ended = true;
+                } else {
                     this.scan.finish(this.listener);
                 }
             }

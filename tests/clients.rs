@@ -10,8 +10,6 @@ mod common;
 #[path = "../examples/mcp_server/app.rs"]
 mod app;
 
-use std::net::SocketAddr;
-
 use serde_json::Value;
 use stormgate::control::{Config, Control};
 
@@ -28,16 +26,7 @@ fn config(tool_result: bool) -> Config {
 async fn serve(config: Config) -> (String, Control) {
     let (router, control) = app::protected(app::Backend::new(), config).unwrap();
     let _ = control.spawn();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap()
-    });
+    let addr = common::serve(router).await;
     (format!("http://{addr}/mcp"), control)
 }
 

@@ -10,7 +10,6 @@ mod common;
 mod app;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::Path;
 
 use stormgate::control::{Config, Mode};
@@ -21,19 +20,8 @@ async fn run_suite(mode: Mode) -> BTreeMap<String, Vec<(String, String)>> {
     config.mode = mode;
     let (router, control) = app::protected(app::Backend::new(), config).unwrap();
     let _tasks = control.spawn();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap()
-    });
-    let results = common::conformance_suite(&format!("http://{addr}/mcp"), mode.as_str()).await;
-    server.abort();
-    results
+    let addr = common::serve(router).await;
+    common::conformance_suite(&format!("http://{addr}/mcp"), mode.as_str()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

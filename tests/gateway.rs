@@ -14,7 +14,6 @@
 mod common;
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -37,21 +36,6 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 // Helpers
 // ---------------------------------------------------------------------------------------
 
-/// Serves `router` on a free loopback port; its address.
-async fn serve(router: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap()
-    });
-    addr
-}
-
 /// The gateway in this process: the proxy to `upstream` inside the whole stack from `config`;
 /// the gateway's MCP URL and its control handle.
 async fn gateway(upstream: &str, mut config: Config) -> (String, Control) {
@@ -60,7 +44,7 @@ async fn gateway(upstream: &str, mut config: Config) -> (String, Control) {
     let proxy = Proxy::new(gateway).unwrap();
     let control = Control::new(config).unwrap();
     let _ = control.spawn();
-    let addr = serve(control.wrap(Router::new().route_service("/mcp", proxy))).await;
+    let addr = common::serve(control.wrap(Router::new().route_service("/mcp", proxy))).await;
     (format!("http://{addr}/mcp"), control)
 }
 
@@ -135,7 +119,7 @@ fn echo_headers_upstream() -> Router {
 
 #[tokio::test]
 async fn mcp_headers_pass_both_ways_and_credentials_only_when_listed() {
-    let upstream = serve(echo_headers_upstream()).await;
+    let upstream = common::serve(echo_headers_upstream()).await;
     let upstream_url = format!("http://{upstream}/mcp");
     let request_headers = [
         ("mcp-session-id", "s-1"),
@@ -268,7 +252,7 @@ fn sse_upstream(next: Arc<tokio::sync::Notify>, dropped: Arc<AtomicBool>) -> Rou
 async fn sse_events_pass_one_by_one_and_a_client_that_goes_drops_the_upstream_stream() {
     let next = Arc::new(tokio::sync::Notify::new());
     let dropped = Arc::new(AtomicBool::new(false));
-    let upstream = serve(sse_upstream(next.clone(), dropped.clone())).await;
+    let upstream = common::serve(sse_upstream(next.clone(), dropped.clone())).await;
     let (url, _control) = gateway(&format!("http://{upstream}/mcp"), Config::default()).await;
     let req = Request::get(&url)
         .header("accept", "text/event-stream")
@@ -321,7 +305,7 @@ async fn a_client_that_goes_before_the_answer_drops_the_upstream_request() {
     let dropped = Arc::new(AtomicBool::new(false));
     let started = Arc::new(AtomicUsize::new(0));
     let (d, s) = (dropped.clone(), started.clone());
-    let upstream = serve(Router::new().route(
+    let upstream = common::serve(Router::new().route(
         "/mcp",
         any(move || {
             let guard = Dropped(d.clone());
@@ -392,11 +376,22 @@ async fn an_unreachable_upstream_is_502_with_the_request_id() {
 
 #[tokio::test]
 async fn an_upstream_slower_than_the_request_timeout_is_504_with_the_request_id() {
-    let upstream = serve(Router::new().route(
+    // Every call takes 30 s; notifications are taken at once and kept.
+    let notified = Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let kept = notified.clone();
+    let upstream = common::serve(Router::new().route(
         "/mcp",
-        any(|| async {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            "late"
+        any(move |body: String| {
+            let kept = kept.clone();
+            async move {
+                let message: Value = serde_json::from_str(&body).unwrap_or_default();
+                if message.get("id").is_none() {
+                    kept.lock().unwrap().push(message);
+                    return StatusCode::ACCEPTED;
+                }
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                StatusCode::OK
+            }
         }),
     ))
     .await;
@@ -420,6 +415,15 @@ async fn an_upstream_slower_than_the_request_timeout_is_504_with_the_request_id(
         took >= Duration::from_millis(300) && took < Duration::from_secs(5),
         "{took:?}"
     );
+    // The upstream may still be running the call nobody waits for now: it is told so.
+    common::until("the upstream told to cancel", || {
+        !notified.lock().unwrap().is_empty()
+    })
+    .await;
+    let notified = notified.lock().unwrap();
+    assert_eq!(notified.len(), 1, "{notified:?}");
+    assert_eq!(notified[0]["method"], "notifications/cancelled");
+    assert_eq!(notified[0]["params"]["requestId"], "req-a");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -580,27 +584,30 @@ fn assert_report(report: &Value, who: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_server_behind_the_gateway_serves_both_sdks_and_refuses_a_storm() {
-    let upstream = python_server().await;
+/// Both SDKs' clients through a gateway in front of `upstream` (named `server` in failures):
+/// every tool listed and called, notifications through, a storm refused, another session
+/// untouched. The gateway's control, to look at what the stack saw.
+async fn both_sdks_through_the_gateway(upstream: &Upstream, server: &str) -> Control {
     let (url, control) = gateway(&upstream.url, storm_config()).await;
     let (py, ts) = tokio::join!(python_client(&url), ts_client(&url));
-    assert_report(&py, "Python client → gateway → Python server");
-    assert_report(&ts, "TypeScript client → gateway → Python server");
+    assert_report(&py, &format!("Python client → gateway → {server}"));
+    assert_report(&ts, &format!("TypeScript client → gateway → {server}"));
     // The outcomes were learned from the upstream's answers.
     assert!(
         control.audit().len() >= 4,
         "every session was seen by the stack"
     );
+    control
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_server_behind_the_gateway_serves_both_sdks_and_refuses_a_storm() {
+    both_sdks_through_the_gateway(&python_server().await, "Python server").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typescript_server_behind_the_gateway_serves_both_sdks_and_refuses_a_storm() {
-    let upstream = ts_server().await;
-    let (url, _control) = gateway(&upstream.url, storm_config()).await;
-    let (py, ts) = tokio::join!(python_client(&url), ts_client(&url));
-    assert_report(&py, "Python client → gateway → TypeScript server");
-    assert_report(&ts, "TypeScript client → gateway → TypeScript server");
+    both_sdks_through_the_gateway(&ts_server().await, "TypeScript server").await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -727,7 +734,7 @@ fn counting_upstream(seen: Arc<AtomicUsize>) -> Router {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_refuses_a_rebound_host_or_origin_before_the_upstream() {
     let seen = Arc::new(AtomicUsize::new(0));
-    let upstream = serve(counting_upstream(seen.clone())).await;
+    let upstream = common::serve(counting_upstream(seen.clone())).await;
     let config =
         std::env::temp_dir().join(format!("stormgate-gw-hosts-{}.toml", std::process::id()));
     std::fs::write(&config, "[gateway]\nallowed_hosts = [\"mcp.internal\"]\n").unwrap();
@@ -792,7 +799,7 @@ async fn the_binary_refuses_a_rebound_host_or_origin_before_the_upstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_proxies_serves_metrics_and_exits_0_on_sigterm() {
-    let upstream = serve(echo_headers_upstream()).await;
+    let upstream = common::serve(echo_headers_upstream()).await;
     let config = std::env::temp_dir().join(format!("stormgate-gw-{}.toml", std::process::id()));
     std::fs::write(&config, "[admin]\ntoken = \"t0ken\"\n").unwrap();
     let mut child = tokio::process::Command::from(bin())
@@ -982,7 +989,7 @@ fn jsonrpc_upstream() -> Router {
 
 #[tokio::test]
 async fn outcomes_are_learned_from_the_upstreams_answers() {
-    let upstream = serve(jsonrpc_upstream()).await;
+    let upstream = common::serve(jsonrpc_upstream()).await;
     let (url, control) = gateway(&format!("http://{upstream}/mcp"), Config::default()).await;
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
                       "params": {"protocolVersion": "2025-06-18", "capabilities": {},
@@ -1028,7 +1035,7 @@ async fn outcomes_are_learned_from_the_upstreams_answers() {
 async fn a_deadline_cuts_a_proxied_call_and_drops_its_upstream_request() {
     let dropped = Arc::new(AtomicBool::new(false));
     let d = dropped.clone();
-    let upstream = serve(Router::new().route(
+    let upstream = common::serve(Router::new().route(
         "/mcp",
         any(move || {
             let guard = Dropped(d.clone());

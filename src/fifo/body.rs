@@ -1,7 +1,7 @@
 //! A response body that holds FIFO leases until it ends.
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -46,15 +46,11 @@ impl<B: Body> Body for LeaseBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let mut this = self.project();
-        let frame = this.inner.as_mut().poll_frame(cx);
-        // The end of the body, or its last frame when it knows it is the last (a server stops
-        // polling a body that says it has ended).
-        if matches!(frame, Poll::Ready(None | Some(Err(_))))
-            || (frame.is_ready() && this.inner.is_end_stream())
-        {
+        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        if crate::answer::is_last(&frame, this.inner.is_end_stream()) {
             this.leases.clear();
         }
-        frame
+        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {

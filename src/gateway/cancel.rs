@@ -117,9 +117,8 @@ impl<B: HttpBody<Data = Bytes>> HttpBody for CancelOnDrop<B> {
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        // The end, an error (the upstream's connection broke: nothing left to cancel), or a
-        // sized body's last frame (a server stops polling there).
-        if !matches!(frame, Some(Ok(_))) || this.inner.is_end_stream() {
+        // An error too: the upstream's connection broke, nothing is left to cancel.
+        if crate::answer::is_last(&frame, this.inner.is_end_stream()) {
             this.cancel.disarm();
         }
         Poll::Ready(frame)

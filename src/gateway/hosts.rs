@@ -109,13 +109,16 @@ impl Hosts {
     /// Whether `authority` (`host` or `host:port`, as in `Host`) is accepted: listed as it
     /// is, or its host part listed.
     fn accepts(&self, authority: &str) -> bool {
-        let authority = authority.trim().to_ascii_lowercase();
+        let authority = authority.trim();
         let host = match authority.rsplit_once(':') {
             // `[::1]:4000`, `a.b:80`; not the inside of a bare `[::1]`.
             Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
-            _ => authority.as_str(),
+            _ => authority,
         };
-        self.names.iter().any(|n| *n == authority || n == host)
+        // The names are lowercase; no copy of the client's value is made.
+        self.names
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(authority) || n.eq_ignore_ascii_case(host))
     }
 
     /// Whether a request with `headers` may pass: its `Host` accepted, and its `Origin`, when

@@ -317,3 +317,19 @@ pub async fn report(mut command: tokio::process::Command, what: &str) -> serde_j
         )
     })
 }
+
+/// Serves `router` on a free loopback port (with the peer's address, as a server sees it)
+/// until the test's runtime ends; its address.
+pub async fn serve(router: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await
+        .unwrap()
+    });
+    addr
+}
