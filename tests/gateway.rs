@@ -715,6 +715,35 @@ fn the_binary_refuses_bad_input_with_exit_code_2_and_a_message() {
     assert!(String::from_utf8_lossy(&help.stdout).contains("usage: stormgate --upstream URL"));
 }
 
+/// The binary in front of `upstream` with a configuration file of `text` (named after `name`
+/// in the temp dir), listening on a free port: the child, its address, its logs (see
+/// [`listening`]) and the file.
+async fn binary_with(
+    name: &str,
+    text: &str,
+    upstream: std::net::SocketAddr,
+) -> (
+    tokio::process::Child,
+    String,
+    tokio::task::JoinHandle<String>,
+    std::path::PathBuf,
+) {
+    let config =
+        std::env::temp_dir().join(format!("stormgate-gw-{name}-{}.toml", std::process::id()));
+    std::fs::write(&config, text).unwrap();
+    let mut child = tokio::process::Command::from(bin())
+        .arg("--config")
+        .arg(&config)
+        .env("STORMGATE_LISTEN", "127.0.0.1:0")
+        .env("STORMGATE_UPSTREAM", format!("http://{upstream}/mcp"))
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (addr, logs) = listening(&mut child).await;
+    (child, addr, logs, config)
+}
+
 /// An upstream answering every request with a JSON-RPC result, counting them.
 fn counting_upstream(seen: Arc<AtomicUsize>) -> Router {
     Router::new().route(
@@ -735,19 +764,12 @@ fn counting_upstream(seen: Arc<AtomicUsize>) -> Router {
 async fn the_binary_refuses_a_rebound_host_or_origin_before_the_upstream() {
     let seen = Arc::new(AtomicUsize::new(0));
     let upstream = common::serve(counting_upstream(seen.clone())).await;
-    let config =
-        std::env::temp_dir().join(format!("stormgate-gw-hosts-{}.toml", std::process::id()));
-    std::fs::write(&config, "[gateway]\nallowed_hosts = [\"mcp.internal\"]\n").unwrap();
-    let mut child = tokio::process::Command::from(bin())
-        .arg("--config")
-        .arg(&config)
-        .env("STORMGATE_LISTEN", "127.0.0.1:0")
-        .env("STORMGATE_UPSTREAM", format!("http://{upstream}/mcp"))
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let (addr, logs) = listening(&mut child).await;
+    let (mut child, addr, logs, config) = binary_with(
+        "hosts",
+        "[gateway]\nallowed_hosts = [\"mcp.internal\"]\n",
+        upstream,
+    )
+    .await;
     let port = addr.rsplit(':').next().unwrap().to_owned();
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
     let url = format!("http://{addr}/mcp");
@@ -800,18 +822,8 @@ async fn the_binary_refuses_a_rebound_host_or_origin_before_the_upstream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_proxies_serves_metrics_and_exits_0_on_sigterm() {
     let upstream = common::serve(echo_headers_upstream()).await;
-    let config = std::env::temp_dir().join(format!("stormgate-gw-{}.toml", std::process::id()));
-    std::fs::write(&config, "[admin]\ntoken = \"t0ken\"\n").unwrap();
-    let mut child = tokio::process::Command::from(bin())
-        .arg("--config")
-        .arg(&config)
-        .env("STORMGATE_LISTEN", "127.0.0.1:0")
-        .env("STORMGATE_UPSTREAM", format!("http://{upstream}/mcp"))
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let (addr, logs) = listening(&mut child).await;
+    let (mut child, addr, logs, config) =
+        binary_with("admin", "[admin]\ntoken = \"t0ken\"\n", upstream).await;
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
     let (status, headers, body) = json_of(
         client()
