@@ -112,9 +112,7 @@ impl Listener for Unanswered {
     }
 
     fn message(&mut self, message: &Message<'_>) {
-        if let Some(id) = message.id() {
-            self.0.retain(|(p, _)| p != id);
-        }
+        self.0.retain(|(p, _)| !message.answers(p));
     }
 }
 

@@ -7,7 +7,9 @@
 //! tenant's sessions) and tool, and bound to the call's arguments:
 //!
 //! * the first call with a key runs; its answer (the JSON-RPC `result` or `error`) is kept for
-//!   `ttl` (bounded by `max_entries`);
+//!   `ttl` (bounded by `max_entries`), if it is at most [`MAX_KEPT_ANSWER`] bytes and the
+//!   layer keeps at most [`MAX_KEPT_BYTES`] in all; a larger answer passes to its client but is
+//!   not kept, and its duplicates are answered -32603 "already ran" (nothing runs twice);
 //! * a duplicate that arrives while the first is running waits for it and receives its answer;
 //! * a call that reuses a key with other arguments is answered -32602 "idempotency key reused
 //!   with different arguments" and nothing runs: no call gets another call's answer;
@@ -25,6 +27,7 @@
 use crate::error::ConfigError;
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -138,11 +141,54 @@ impl IdempotencyConfig {
     }
 }
 
-/// A kept answer: the raw `result` or `error` member of the JSON-RPC response.
+/// Bytes of one answer kept at most: a longer answer is not kept, and its duplicates are told
+/// so instead of running again.
+pub const MAX_KEPT_ANSWER: usize = 1024 * 1024;
+/// Bytes of the answers one layer keeps at once, all keys together: past it, answers are not
+/// kept (as with [`MAX_KEPT_ANSWER`]) until older ones expire.
+pub const MAX_KEPT_BYTES: usize = 64 * 1024 * 1024;
+
+/// How the first call with a key was answered.
 #[derive(Debug, Clone)]
-struct Answer {
+enum Answer {
+    /// The raw `result` or `error` member of the JSON-RPC response, replayed as it is.
+    Kept(Arc<Kept>),
+    /// An answer past [`MAX_KEPT_ANSWER`] or [`MAX_KEPT_BYTES`]: the call ran, its answer is
+    /// not replayed.
+    TooLarge,
+}
+
+/// A kept answer, counted in its layer's kept bytes while it lives.
+#[derive(Debug)]
+struct Kept {
     member: &'static str,
     value: Box<RawValue>,
+    _counted: Counted,
+}
+
+/// Bytes counted in a layer's total of kept answers, given back on drop.
+#[derive(Debug)]
+struct Counted {
+    bytes: usize,
+    total: Arc<AtomicUsize>,
+}
+
+impl Counted {
+    /// Counts `bytes` in `total`, if that stays within [`MAX_KEPT_BYTES`].
+    fn new(bytes: usize, total: &Arc<AtomicUsize>) -> Option<Counted> {
+        let after = total.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let counted = Counted {
+            bytes,
+            total: total.clone(),
+        };
+        (after <= MAX_KEPT_BYTES).then_some(counted)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 /// How the first call with a key ended.
@@ -179,6 +225,8 @@ struct State {
     /// other arguments, refused, and never as the other's answer.
     made_for: std::hash::RandomState,
     switch: Switch,
+    /// Bytes of the answers kept now.
+    kept: Arc<AtomicUsize>,
 }
 
 impl State {
@@ -220,6 +268,7 @@ impl IdempotencyLayer {
                 entries: Bounded::new(),
                 made_for: std::hash::RandomState::new(),
                 switch,
+                kept: Arc::default(),
             }),
         })
     }
@@ -311,16 +360,28 @@ fn key_of(
 }
 
 fn replay(call: &Call, answer: &Answer) -> Response {
+    let Answer::Kept(kept) = answer else {
+        let id = call.id.as_ref().map(|i| i.raw());
+        let message = "the call with this idempotency key already ran; its answer was too large \
+                       to keep, so it is not replayed";
+        return reply::json_response(
+            StatusCode::OK,
+            reply::error_element(id, INTERNAL_ERROR, message),
+        );
+    };
     let id = call.id.as_ref().map_or("null", |i| i.as_json());
     reply::json_response(
         StatusCode::OK,
         format!(
             r#"{{"jsonrpc":"2.0","id":{id},"{}":{}}}"#,
-            answer.member,
-            answer.value.get()
+            kept.member,
+            kept.value.get()
         ),
     )
 }
+
+/// JSON-RPC's internal error: a duplicate whose first answer was not kept.
+const INTERNAL_ERROR: i64 = -32603;
 
 /// The answer to a call that reuses a key with other arguments: -32602, nothing ran, and no
 /// other call's answer is given.
@@ -530,18 +591,41 @@ impl Drop for Settle {
     }
 }
 
-fn answer_in(message: &Message<'_>, id: Option<&str>) -> Option<Answer> {
-    if message.id() != id {
+/// The answer `message` gives to the call with `id`, kept if it fits.
+fn answer_in(message: &Message<'_>, id: Option<&str>, kept: &Arc<AtomicUsize>) -> Option<Answer> {
+    let same = match (id, message.id) {
+        (Some(id), Some(_)) => message.answers(id),
+        (None, None) => true,
+        _ => false,
+    };
+    if !same || !(message.result || message.error) {
         return None;
     }
-    let (member, value) = match (message.result, message.error) {
-        (Some(r), _) => ("result", r),
-        (None, Some(e)) => ("error", e),
-        _ => return None,
+    #[derive(Deserialize)]
+    struct Members<'a> {
+        #[serde(borrow, default)]
+        result: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        error: Option<&'a RawValue>,
+    }
+    let members = message
+        .raw
+        .and_then(|raw| serde_json::from_slice::<Members<'_>>(raw).ok());
+    let (member, value) = match members {
+        Some(Members {
+            result: Some(r), ..
+        }) => ("result", r),
+        Some(Members { error: Some(e), .. }) => ("error", e),
+        // Too long to keep: the call ran all the same.
+        _ => return Some(Answer::TooLarge),
     };
-    Some(Answer {
-        member,
-        value: value.to_owned(),
+    Some(match Counted::new(value.get().len(), kept) {
+        Some(counted) => Answer::Kept(Arc::new(Kept {
+            member,
+            value: value.to_owned(),
+            _counted: counted,
+        })),
+        None => Answer::TooLarge,
     })
 }
 
@@ -557,8 +641,15 @@ impl Listener for Capture {
         self.settle.is_some()
     }
 
+    fn keep(&self) -> usize {
+        MAX_KEPT_ANSWER
+    }
+
     fn message(&mut self, message: &Message<'_>) {
-        if let Some(answer) = answer_in(message, self.id.as_deref())
+        let Some(kept) = self.settle.as_ref().map(|s| s.shared.kept.clone()) else {
+            return;
+        };
+        if let Some(answer) = answer_in(message, self.id.as_deref(), &kept)
             && let Some(settle) = self.settle.take()
         {
             settle.finish(Settled::Answered(answer));
@@ -584,10 +675,7 @@ mod tests {
         let state = &*layer.shared;
         let config = IdempotencyConfig::default();
         let place = 7;
-        let answer = Answer {
-            member: "result",
-            value: RawValue::from_string("{}".into()).unwrap(),
-        };
+        let answer = Answer::TooLarge;
         let until = Instant::now() + Duration::from_secs(60);
         state.entries.replace(place, Entry::Done(answer, until, 1));
         assert!(matches!(

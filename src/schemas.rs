@@ -7,9 +7,6 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use serde::Deserialize;
-use serde::de::IgnoredAny;
-
 use crate::answer::{AnswerBody, Framing, Listener, Message, Scan};
 
 /// The `_meta` key of a refusal's data for tools that declare an `outputSchema`.
@@ -20,26 +17,12 @@ pub const META_KEY: &str = "io.stormgate/rejection";
 pub const MAX_TOOLS: usize = 10_000;
 /// Longest tool name kept, bytes; longer ones are not learned.
 pub const MAX_NAME: usize = 256;
-/// Bytes of one `tools/list` answer read at most; a longer answer is not learned from.
-pub const MAX_ANSWER: usize = 4 * 1024 * 1024;
 
 /// The tools known to declare an `outputSchema`. Bounded: at most [`MAX_TOOLS`] names of at
 /// most [`MAX_NAME`] bytes (about 2.6 MB at worst).
 #[derive(Debug, Default)]
 pub struct ToolSchemas {
     declared: Mutex<HashSet<Box<str>>>,
-}
-
-#[derive(Deserialize)]
-struct ListResult {
-    tools: Vec<Tool>,
-}
-
-#[derive(Deserialize)]
-struct Tool {
-    name: String,
-    #[serde(rename = "outputSchema")]
-    output_schema: Option<IgnoredAny>,
 }
 
 impl ToolSchemas {
@@ -62,37 +45,31 @@ impl ToolSchemas {
         self.declared.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Learns from one JSON-RPC message of a `tools/list` answer: each listed tool with an
-    /// `outputSchema` is added, each without one removed.
-    fn learn(&self, message: &Message<'_>) {
-        let Some(Ok(result)) = message
-            .result
-            .map(|r| serde_json::from_str::<ListResult>(r.get()))
-        else {
-            return;
-        };
+    /// Learns from one entry of a `tools/list` answer: a tool listed with an `outputSchema`
+    /// is added, one without removed.
+    fn learn(&self, name: &str, declares_output_schema: bool) {
         let mut declared = self.lock();
-        for tool in result.tools {
-            if tool.output_schema.is_none() {
-                declared.remove(tool.name.as_str());
-            } else if tool.name.len() <= MAX_NAME && declared.len() < MAX_TOOLS {
-                declared.insert(tool.name.into_boxed_str());
-            }
+        if !declares_output_schema {
+            declared.remove(name);
+        } else if name.len() <= MAX_NAME && declared.len() < MAX_TOOLS {
+            declared.insert(name.into());
         }
     }
 }
 
-/// The classifier's listener on a `tools/list` answer: learns from each message.
+/// The classifier's listener on a `tools/list` answer: learns from each listed tool.
 pub(crate) struct Learn(Arc<ToolSchemas>);
 
 impl Listener for Learn {
-    fn message(&mut self, message: &Message<'_>) {
-        self.0.learn(message);
+    fn tool(&mut self, name: &str, declares_output_schema: bool) {
+        self.0.learn(name, declares_output_schema);
     }
+
+    fn message(&mut self, _: &Message<'_>) {}
 }
 
-/// A `tools/list` answer passed through unchanged, learned from as it goes (JSON: at its
-/// end; SSE: event by event), up to [`MAX_ANSWER`] bytes.
+/// A `tools/list` answer passed through unchanged, learned from entry by entry as it goes,
+/// in constant memory.
 pub(crate) type ToolListBody<B> = AnswerBody<B, Learn>;
 
 /// `inner`, a `tools/list` answer framed as `framing`, learned from into `schemas`.
@@ -101,11 +78,7 @@ pub(crate) fn tool_list_body<B>(
     schemas: Arc<ToolSchemas>,
     framing: Framing,
 ) -> ToolListBody<B> {
-    AnswerBody::new(
-        inner,
-        Scan::new(framing).with_limit(MAX_ANSWER),
-        Learn(schemas),
-    )
+    AnswerBody::new(inner, Scan::new(framing), Learn(schemas))
 }
 
 #[cfg(test)]
@@ -113,16 +86,17 @@ mod tests {
     use super::*;
 
     impl ToolSchemas {
-        fn learn_text(&self, text: &[u8]) {
-            if let Some(message) = Message::parse(text) {
-                self.learn(&message);
-            }
+        fn learn_text(self: &Arc<Self>, text: &[u8]) {
+            let mut learn = Learn(self.clone());
+            let mut scan = Scan::new(Framing::Json);
+            scan.feed(text, &mut learn);
+            scan.finish(&mut learn);
         }
     }
 
     #[test]
     fn learns_which_tools_declare_a_schema_and_forgets_on_relisting() {
-        let s = ToolSchemas::default();
+        let s = Arc::new(ToolSchemas::default());
         s.learn_text(
             br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[
             {"name":"a","inputSchema":{},"outputSchema":{"type":"object"}},
@@ -141,7 +115,7 @@ mod tests {
 
     #[test]
     fn names_are_bounded_in_length_and_count() {
-        let s = ToolSchemas::default();
+        let s = Arc::new(ToolSchemas::default());
         let long = "x".repeat(MAX_NAME + 1);
         let tools: Vec<String> = (0..MAX_TOOLS + 50)
             .map(|i| format!(r#"{{"name":"t{i}","outputSchema":{{}}}}"#))

@@ -198,3 +198,71 @@ async fn keys_are_scoped_to_the_session_and_bound_to_the_arguments() {
     assert_eq!(text(&retried), "order 3: 7 x ink");
     assert_eq!(backend.orders(), 3);
 }
+
+/// A keyed write whose answer is past what the layer keeps (1 MiB): its client gets the whole
+/// answer, a duplicate is told the call already ran, and the write never runs twice.
+#[tokio::test(start_paused = true)]
+async fn an_answer_too_large_to_keep_is_not_replayed_and_never_run_twice() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let server = move |body: bytes::Bytes| {
+        let runs = counted.clone();
+        async move {
+            let text = String::from_utf8_lossy(&body).into_owned();
+            let json = |body: String| {
+                http::Response::builder()
+                    .header("content-type", "application/json")
+                    .header("mcp-session-id", "s-1")
+                    .body(Body::from(body))
+                    .unwrap()
+            };
+            if text.contains("\"initialize\"") {
+                return json(
+                    r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-11-25","capabilities":{},"serverInfo":{"name":"x","version":"1"}}}"#
+                        .into(),
+                );
+            }
+            if !text.contains("tools/call") {
+                return http::Response::builder()
+                    .status(202)
+                    .body(Body::empty())
+                    .unwrap();
+            }
+            runs.fetch_add(1, Ordering::SeqCst);
+            let id: Value = serde_json::from_str::<Value>(&text).unwrap()["id"].clone();
+            let big = "x".repeat(2 << 20);
+            json(
+                json!({"jsonrpc":"2.0","id":id,"result":{"content":[{"type":"text","text":big}]}})
+                    .to_string(),
+            )
+        }
+    };
+    let mut config = config();
+    config.idempotency.tools.insert("export".into());
+    let control = Control::new(config).unwrap();
+    let router = control.wrap(Router::new().route("/mcp", axum::routing::post(server)));
+    let sid = open(&router, "acme").await;
+    let call = |id: u64| {
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"export",
+            "arguments":{},"_meta":{"idempotency_key":"k"}}})
+    };
+    let first = send(&router, "acme", &sid, call(1)).await;
+    assert_eq!(
+        text(&first).len(),
+        2 << 20,
+        "the first client gets its whole answer"
+    );
+    let duplicate = send(&router, "acme", &sid, call(2)).await;
+    assert_eq!(duplicate["id"], 2);
+    assert_eq!(duplicate["error"]["code"], -32603, "{duplicate}");
+    assert!(
+        duplicate["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already ran"),
+        "{duplicate}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the write ran once");
+}

@@ -10,5 +10,5 @@ pub(crate) mod verdict;
 pub use crate::protocol::{
     InvalidProtocolVersion, METHOD, NAME, PROTOCOL_VERSION, ProtocolVersion, SESSION_ID,
 };
-pub use crate::schemas::{MAX_ANSWER, MAX_NAME, MAX_TOOLS, META_KEY, ToolSchemas};
+pub use crate::schemas::{MAX_NAME, MAX_TOOLS, META_KEY, ToolSchemas};
 pub(crate) use envelope::parse;

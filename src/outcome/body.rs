@@ -2,14 +2,13 @@
 
 use std::sync::Arc;
 
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::{
     CLIENT_ERROR_CODES, INPUT_VALIDATION_PREFIXES, Observation, Observer, Outcome,
     REQUEST_TIMEOUT_CODE,
 };
+use crate::answer::json::Id;
 use crate::answer::{AnswerBody, Listener, Message};
 use crate::call::{Call, SessionId};
 
@@ -56,12 +55,11 @@ impl Pending {
     }
 
     /// Settles the call answered by a message with this id.
-    fn settle(&mut self, id: &RawValue, outcome: Outcome, bytes: u64) {
-        let id = id.get().trim();
+    fn settle(&mut self, id: Id<'_>, outcome: Outcome, bytes: u64) {
         if let Some(pos) = self
             .calls
             .iter()
-            .position(|c| c.id.as_ref().is_some_and(|i| i.as_json() == id))
+            .position(|c| c.id.as_ref().is_some_and(|i| id.is(i.as_json())))
         {
             let call = self.calls.swap_remove(pos);
             self.report(&call, outcome, bytes);
@@ -95,66 +93,28 @@ impl Drop for Pending {
     }
 }
 
-#[derive(Deserialize)]
-struct ResultPart<'a> {
-    #[serde(rename = "isError", default)]
-    is_error: Option<bool>,
-    /// Kept raw: read only for an `isError` result.
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct TextBlock<'a> {
-    #[serde(borrow, default)]
-    text: Option<std::borrow::Cow<'a, str>>,
-}
-
-impl ResultPart<'_> {
-    /// An `isError` result that says the arguments were invalid (the server's input
-    /// validation, before the tool ran): its first text block starts with one of
-    /// [`INPUT_VALIDATION_PREFIXES`].
-    fn is_input_validation_error(&self) -> bool {
-        let Some(content) = self.content else {
-            return false;
-        };
-        let Ok(blocks) = serde_json::from_str::<Vec<TextBlock<'_>>>(content.get()) else {
-            return false;
-        };
-        blocks
-            .first()
-            .and_then(|b| b.text.as_deref())
-            .is_some_and(|t| INPUT_VALIDATION_PREFIXES.iter().any(|p| t.starts_with(p)))
-    }
-}
-
-#[derive(Deserialize)]
-struct ErrorPart {
-    code: i64,
-}
-
 /// The id and outcome a JSON-RPC answer carries, if it is one.
-fn outcome_of<'a>(message: &Message<'a>) -> Option<(&'a RawValue, Outcome)> {
-    let result = message
-        .result
-        .map(|r| serde_json::from_str::<ResultPart<'_>>(r.get()))
-        .transpose()
-        .ok()?;
-    let error = message
-        .error
-        .map(|e| serde_json::from_str::<ErrorPart>(e.get()))
-        .transpose()
-        .ok()?;
-    let outcome = match (&result, &error) {
-        (_, Some(e)) if e.code == REQUEST_TIMEOUT_CODE => Outcome::Timeout,
-        (_, Some(e)) if CLIENT_ERROR_CODES.contains(&e.code) => Outcome::ClientError,
-        (_, Some(_)) => Outcome::Error,
-        (Some(r), None) if r.is_error == Some(true) && r.is_input_validation_error() => {
-            Outcome::ClientError
+fn outcome_of<'a>(message: &Message<'a>) -> Option<(Id<'a>, Outcome)> {
+    let outcome = if message.error {
+        match message.code {
+            Some(REQUEST_TIMEOUT_CODE) => Outcome::Timeout,
+            Some(code) if CLIENT_ERROR_CODES.contains(&code) => Outcome::ClientError,
+            _ => Outcome::Error,
         }
-        (Some(r), None) if r.is_error == Some(true) => Outcome::Error,
-        (Some(_), None) => Outcome::Ok,
-        (None, None) => return None,
+    } else if message.result {
+        if !message.is_error {
+            Outcome::Ok
+        } else if INPUT_VALIDATION_PREFIXES
+            .iter()
+            .any(|p| message.text.starts_with(p.as_bytes()))
+        {
+            // The server's input validation refused the arguments before the tool ran.
+            Outcome::ClientError
+        } else {
+            Outcome::Error
+        }
+    } else {
+        return None;
     };
     Some((message.id?, outcome))
 }
@@ -185,9 +145,9 @@ mod tests {
     use super::*;
 
     fn outcome(text: &str) -> Outcome {
-        outcome_of(&Message::parse(text.as_bytes()).unwrap())
-            .unwrap()
-            .1
+        let mut got = None;
+        crate::answer::read_each(text.as_bytes(), |m| got = outcome_of(m).map(|o| o.1));
+        got.unwrap()
     }
 
     #[test]
