@@ -11,8 +11,6 @@ use tower::BoxError;
 
 use crate::mcp::verdict::{self, Merge};
 
-type Merging = Pin<Box<dyn Future<Output = Response> + Send>>;
-
 pin_project! {
     /// Response future of [`Admit`](super::Admit).
     pub struct ResponseFuture<F> {
@@ -32,10 +30,6 @@ pin_project! {
             future: F,
             // Answers to refused batch elements, to merge into the inner answer.
             merge: Option<Merge>,
-        },
-        // Only for batches mixing refused and admitted elements; boxed off the hot path.
-        Merging {
-            merge: Merging,
         },
     }
 }
@@ -65,24 +59,16 @@ where
     type Output = Result<Response, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        loop {
-            match this.state.as_mut().project() {
-                StateProj::Rejected { response } => {
-                    return Poll::Ready(Ok(response.take().expect("polled after completion")));
-                }
-                StateProj::Running { future, merge } => {
-                    let response = ready!(future.poll(cx))?.map(Body::new);
-                    match merge.take() {
-                        None => return Poll::Ready(Ok(response)),
-                        Some(m) => this.state.set(State::Merging {
-                            merge: Box::pin(verdict::merge(response, m)),
-                        }),
-                    }
-                }
-                StateProj::Merging { merge } => {
-                    return Poll::Ready(Ok(ready!(merge.as_mut().poll(cx))));
-                }
+        match self.project().state.project() {
+            StateProj::Rejected { response } => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
+            StateProj::Running { future, merge } => {
+                let response = ready!(future.poll(cx))?.map(Body::new);
+                Poll::Ready(Ok(match merge.take() {
+                    None => response,
+                    Some(m) => verdict::merge(response, m),
+                }))
             }
         }
     }

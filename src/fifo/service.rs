@@ -121,7 +121,7 @@ where
                     }
                     response.extensions_mut().insert(QueueWait(queue_wait));
                     Ok(match merge {
-                        Some(m) => verdict::merge(response, m).await,
+                        Some(m) => verdict::merge(response, m),
                         None => response,
                     })
                 }

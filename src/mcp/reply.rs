@@ -9,7 +9,6 @@ use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, StatusCode, header};
 use http_body::Frame;
-use http_body_util::BodyExt;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -214,16 +213,19 @@ pub(crate) fn join_array<B: AsRef<[u8]>>(elements: &[B]) -> Vec<u8> {
     out
 }
 
-/// Adds the answers to rejected batch elements to the inner service's answer to the rest.
+/// Adds the answers to rejected batch elements to the inner service's answer to the rest,
+/// as it passes: nothing of the inner answer is held back or kept.
 ///
 /// * `text/event-stream`: the answers are sent first, one event each, then the inner stream
-///   unchanged (nothing of it is buffered).
-/// * `application/json` (a success): the inner array (or single object) is extended.
+///   unchanged.
+/// * `application/json` (a success): the answers open the inner array (`[a,b,` then the inner
+///   elements); a single inner object is wrapped (`[a,b,{...}]`); an empty or unreadable
+///   inner answer is replaced by the answers alone.
 /// * 202 Accepted (the rest were notifications or responses): replaced by a 200 JSON array
 ///   of the answers.
-/// * anything else (an error status, a body that is not JSON): returned unchanged; the
+/// * anything else (an error status, a body that is neither): returned unchanged; the
 ///   rejected elements go unanswered, as the inner service's own failure would leave them.
-pub(crate) async fn merge(inner: Response, elements: Vec<Vec<u8>>) -> Response {
+pub(crate) fn merge(inner: Response, elements: Vec<Vec<u8>>) -> Response {
     let (mut parts, body) = inner.into_parts();
     let framing = Framing::of(&parts.headers);
     if framing == Some(Framing::Sse) {
@@ -244,24 +246,15 @@ pub(crate) async fn merge(inner: Response, elements: Vec<Vec<u8>>) -> Response {
     if !parts.status.is_success() || framing != Some(Framing::Json) {
         return Response::from_parts(parts, body);
     }
-    let bytes = match body.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) => return Response::from_parts(parts, Body::new(Failed(Some(e)))),
-    };
-    let text = bytes.trim_ascii();
-    let mut all: Vec<&[u8]> = Vec::with_capacity(elements.len() + 1);
-    let inner_elements;
-    match text.first() {
-        Some(b'[') => {
-            inner_elements = serde_json::from_slice::<Vec<&RawValue>>(text).unwrap_or_default();
-            all.extend(inner_elements.iter().map(|e| e.get().as_bytes()));
-        }
-        Some(b'{') => all.push(text),
-        _ => {}
-    }
-    all.extend(elements.iter().map(Vec::as_slice));
+    let mut head = join_array(&elements);
+    head.pop(); // `[a,b` open, for the inner elements to follow.
     parts.headers.remove(header::CONTENT_LENGTH);
-    Response::from_parts(parts, Body::from(join_array(&all)))
+    let body = Body::new(JsonMerge {
+        inner: body,
+        head: Bytes::from(head),
+        state: Merging::Start,
+    });
+    Response::from_parts(parts, body)
 }
 
 /// A body that yields `head` and then `inner`.
@@ -289,17 +282,189 @@ impl http_body::Body for Prepend {
     }
 }
 
-/// A body that fails at once with the error reading the original failed with.
-struct Failed(Option<axum::Error>);
+/// Where a [`JsonMerge`] is in the inner answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Merging {
+    /// Before its first byte that is not white space.
+    Start,
+    /// After its opening `[`, before the first byte that is not white space.
+    InArray,
+    /// In a single object: `]` follows its end.
+    InObject,
+    /// The rest passes as it is.
+    Passing,
+    /// Not JSON: the answers were sent alone, the rest is read and dropped.
+    Dropping,
+    Done,
+}
 
-impl http_body::Body for Failed {
+/// The inner JSON answer with `head` (`[a,b`: the answers to the refused elements) merged
+/// in as it passes.
+struct JsonMerge {
+    inner: Body,
+    head: Bytes,
+    state: Merging,
+}
+
+impl JsonMerge {
+    /// `head`, then `sep`, then `rest`, in one frame.
+    fn joined(&self, sep: &[u8], rest: &[u8]) -> Frame<Bytes> {
+        let mut out = BytesMut::with_capacity(self.head.len() + sep.len() + rest.len());
+        out.extend_from_slice(&self.head);
+        out.extend_from_slice(sep);
+        out.extend_from_slice(rest);
+        Frame::data(out.freeze())
+    }
+}
+
+impl http_body::Body for JsonMerge {
     type Data = Bytes;
     type Error = axum::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Poll::Ready(self.0.take().map(Err))
+        loop {
+            if self.state == Merging::Done {
+                return Poll::Ready(None);
+            }
+            let frame = match std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => frame,
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => {
+                    let last = match self.state {
+                        Merging::Start | Merging::InArray | Merging::Dropping => {
+                            (self.state != Merging::Dropping).then(|| self.joined(b"]", b""))
+                        }
+                        Merging::InObject => Some(Frame::data(Bytes::from_static(b"]"))),
+                        Merging::Passing | Merging::Done => None,
+                    };
+                    self.state = Merging::Done;
+                    return Poll::Ready(last.map(Ok));
+                }
+            };
+            let data = match frame.into_data() {
+                Ok(data) if self.state == Merging::Passing || self.state == Merging::InObject => {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(data) => data,
+                Err(frame) => return Poll::Ready(Some(Ok(frame))),
+            };
+            if self.state == Merging::Dropping {
+                continue;
+            }
+            let mut rest = &data[..];
+            if self.state == Merging::Start {
+                let Some(at) = rest.iter().position(|b| !b.is_ascii_whitespace()) else {
+                    continue;
+                };
+                rest = &rest[at..];
+                match rest[0] {
+                    b'[' => {
+                        self.state = Merging::InArray;
+                        rest = &rest[1..];
+                    }
+                    b'{' => {
+                        self.state = Merging::InObject;
+                        return Poll::Ready(Some(Ok(self.joined(b",", rest))));
+                    }
+                    _ => {
+                        self.state = Merging::Dropping;
+                        return Poll::Ready(Some(Ok(self.joined(b"]", b""))));
+                    }
+                }
+            }
+            // In the array, before its first element.
+            let Some(at) = rest.iter().position(|b| !b.is_ascii_whitespace()) else {
+                continue;
+            };
+            rest = &rest[at..];
+            self.state = Merging::Passing;
+            let sep: &[u8] = if rest[0] == b']' { b"" } else { b"," };
+            return Poll::Ready(Some(Ok(self.joined(sep, rest))));
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self.state {
+            Merging::Passing => self.inner.is_end_stream(),
+            state => state == Merging::Done,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, StreamBody};
+    use proptest::prelude::*;
+
+    fn inner(body: &[u8], cuts: &[prop::sample::Index]) -> Response {
+        let mut at: Vec<usize> = cuts.iter().map(|i| i.index(body.len() + 1)).collect();
+        at.sort_unstable();
+        let mut chunks = Vec::new();
+        let mut from = 0;
+        for to in at.into_iter().chain([body.len()]) {
+            chunks.push(Ok::<_, axum::Error>(Frame::data(Bytes::copy_from_slice(
+                &body[from..to],
+            ))));
+            from = to;
+        }
+        let stream = StreamBody::new(futures::stream::iter(chunks));
+        let mut response = Response::new(Body::new(stream));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+
+    fn merged(body: &[u8], cuts: &[prop::sample::Index], refused: &[Vec<u8>]) -> Vec<u8> {
+        let response = merge(inner(body, cuts), refused.to_vec());
+        assert!(response.headers().get(header::CONTENT_LENGTH).is_none());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(response.into_body().collect())
+            .unwrap()
+            .to_bytes()
+            .to_vec()
+    }
+
+    proptest! {
+        /// However the inner answer comes in chunks, the merged answer is one JSON array of
+        /// the inner answer's messages and the refusals; an empty or unreadable inner answer
+        /// leaves the refusals alone.
+        #[test]
+        fn refusals_are_merged_into_the_answer_as_it_passes(
+            inner_ids in prop::collection::vec(0u32..100, 0..4),
+            single in any::<bool>(),
+            space in prop_oneof![Just(""), Just(" \n ")],
+            refused in prop::collection::vec(100u32..200, 1..3),
+            garbage in prop_oneof![Just(None), Just(Some("")), Just(Some("  ")), Just(Some("oops"))],
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+        ) {
+            let message = |id: u32| format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"a":[1,"]"]}}}}"#);
+            let (body, mut expected): (String, Vec<u32>) = match garbage {
+                Some(g) => (g.to_owned(), vec![]),
+                None if single && !inner_ids.is_empty() => {
+                    (format!("{space}{}{space}", message(inner_ids[0])), vec![inner_ids[0]])
+                }
+                None => {
+                    let all: Vec<String> = inner_ids.iter().map(|i| message(*i)).collect();
+                    (format!("{space}[{space}{}{space}]{space}", all.join(",")), inner_ids.clone())
+                }
+            };
+            let refusals: Vec<Vec<u8>> = refused.iter().map(|i| message(*i).into_bytes()).collect();
+            expected.extend(&refused);
+            let out = merged(body.as_bytes(), &cuts, &refusals);
+            let array: Vec<serde_json::Value> = serde_json::from_slice(&out)
+                .map_err(|e| TestCaseError::fail(format!("{e}: {}", String::from_utf8_lossy(&out))))?;
+            let mut ids: Vec<u32> = array.iter().map(|m| m["id"].as_u64().unwrap() as u32).collect();
+            ids.sort_unstable();
+            expected.sort_unstable();
+            prop_assert_eq!(ids, expected);
+        }
     }
 }

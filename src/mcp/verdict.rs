@@ -31,8 +31,8 @@ pub(crate) struct Merge {
 }
 
 /// Merges the refusals into the inner service's answer and records them.
-pub(crate) async fn merge(response: Response, merge: Merge) -> Response {
-    let mut response = reply::merge(response, merge.elements).await;
+pub(crate) fn merge(response: Response, merge: Merge) -> Response {
+    let mut response = reply::merge(response, merge.elements);
     let mut refused = response
         .extensions_mut()
         .remove::<RefusedCalls>()
