@@ -124,7 +124,8 @@ pub(super) struct Upstream {
 
 impl Upstream {
     /// Sends the notification `body` (JSON-RPC text) with `headers`, at most the request
-    /// timeout; its answer read and dropped, failures ignored (it is a courtesy).
+    /// timeout; its answer read frame by frame and dropped (never kept, whatever its size),
+    /// failures ignored (it is a courtesy).
     pub(super) async fn notify(&self, headers: HeaderMap, body: String) {
         let uri = Uri::builder()
             .scheme(self.scheme.clone())
@@ -138,7 +139,8 @@ impl Upstream {
         *req.headers_mut() = headers;
         let sent = async {
             if let Ok(answer) = self.client.request(req).await {
-                let _ = http_body_util::BodyExt::collect(answer.into_body()).await;
+                let mut body = answer.into_body();
+                while let Some(Ok(_)) = http_body_util::BodyExt::frame(&mut body).await {}
             }
         };
         let _ = tokio::time::timeout(self.request_timeout, sent).await;
