@@ -16,7 +16,7 @@ pub const META_KEY: &str = "io.stormgate/rejection";
 /// in `structuredContent`).
 pub const MAX_TOOLS: usize = 10_000;
 /// Longest tool name kept, bytes; longer ones are not learned.
-pub const MAX_NAME: usize = 256;
+pub const MAX_NAME: usize = crate::answer::json::MAX_NAME;
 
 /// The tools known to declare an `outputSchema`. Bounded: at most [`MAX_TOOLS`] names of at
 /// most [`MAX_NAME`] bytes (about 2.6 MB at worst).

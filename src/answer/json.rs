@@ -12,16 +12,15 @@
 //! It reads well-formed JSON exactly and does not validate the rest: a message is delivered
 //! when its closing brace arrives, and a structure it cannot follow (a close that does not
 //! match, a stray brace at the top) stops it until the next [`Reader::reset`].
-//!
-//! [`MAX_NAME`]: crate::mcp::MAX_NAME
 
 use std::hash::Hasher;
 
 use memchr::memchr2;
 
 use super::{Listener, Message};
-use crate::schemas::MAX_NAME;
 
+/// Bytes of a tool name read from a `tools/list` entry; a longer name is not reported.
+pub(crate) const MAX_NAME: usize = 256;
 /// Bytes of a message's id kept verbatim; a longer id is known by its length and hash.
 pub(crate) const ID_MAX: usize = 256;
 /// Bytes kept of the `text` of an answer's first content block (decoded).
