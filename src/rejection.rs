@@ -79,8 +79,14 @@ pub enum Reason {
     GlobalBudgetExceeded,
     /// The tenant's share of the budget is spent.
     TenantBudgetExceeded,
-    /// The agent session's budget is spent (it is storming).
+    /// The agent session's budget is spent.
     SessionBudgetExceeded,
+    /// The session's storm score (its errors, slowness and diversity) cut its budget, and the
+    /// cut budget is spent.
+    SessionStorm,
+    /// A new session's calls came faster than what probation lends a new identity (its
+    /// bucket refills at a share of the budget until it has healthy calls behind it).
+    SessionProbation,
     /// A fixed limit of the kill switch's `fixed` mode is reached.
     FixedLimitExceeded,
     /// Too many calls are running at once (seed 002 `MODEL_BUSY`).
@@ -96,13 +102,15 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 13] = [
         Reason::QueueFull,
         Reason::QueueTimeout,
         Reason::UpstreamRateLimited,
         Reason::GlobalBudgetExceeded,
         Reason::TenantBudgetExceeded,
         Reason::SessionBudgetExceeded,
+        Reason::SessionStorm,
+        Reason::SessionProbation,
         Reason::FixedLimitExceeded,
         Reason::ConcurrencyLimited,
         Reason::CircuitOpen,
@@ -119,6 +127,8 @@ impl Reason {
             Reason::GlobalBudgetExceeded => "global_budget_exceeded",
             Reason::TenantBudgetExceeded => "tenant_budget_exceeded",
             Reason::SessionBudgetExceeded => "session_budget_exceeded",
+            Reason::SessionStorm => "session_storm",
+            Reason::SessionProbation => "session_probation",
             Reason::FixedLimitExceeded => "fixed_limit_exceeded",
             Reason::ConcurrencyLimited => "concurrency_limited",
             Reason::CircuitOpen => "circuit_open",

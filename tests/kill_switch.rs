@@ -155,7 +155,8 @@ async fn each_mode_refuses_exactly_what_it_says_at_every_stage() {
         ),
         (
             Stage::SessionGuard,
-            [&["session_budget_exceeded"], &["fixed_limit_exceeded"], &[]],
+            // A new session: what probation lends it is what refuses it.
+            [&["session_probation"], &["fixed_limit_exceeded"], &[]],
         ),
         (Stage::Breaker, [&["circuit_open"], &["circuit_open"], &[]]),
         (Stage::Fifo, [&["queue_full"], &["queue_full"], &[]]),

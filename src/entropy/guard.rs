@@ -29,6 +29,10 @@ pub use crate::stats::MAX_TOOLS;
 const HEALTH_ALPHA: f64 = 0.2;
 /// Smoothing of a session's healthy entropy baseline.
 const BASELINE_ALPHA: f64 = 0.05;
+/// Failures a session may have within one window before its error rate counts at all: a few
+/// ordinary tool errors (an `isError` result, a bad query) are not a storm. Its error rate
+/// counts in full from twice this many on (errors at volume).
+pub const ERRORS_ALLOWED: f64 = 3.0;
 
 /// Session guard settings (seed 003 sections 2.1-2.3, 4.2, 5.2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,11 +55,14 @@ pub struct SessionConfig {
     /// `["/namespace", "/table"]`). Tools not listed use a short hash of their canonical
     /// arguments, so the same search with ever-new queries looks diverse.
     pub resource_keys: BTreeMap<String, Vec<String>>,
-    /// A session's budget when healthy, cost units per second. Default 5 (stormgate's choice).
+    /// A session's budget when healthy, cost units per second. Default 1 000, the default
+    /// global budget: with no configuration a healthy session is bounded by the global budget
+    /// and its fair share of it, and its own budget only binds once the storm score cuts it
+    /// (to `min_factor` of this: 20/s).
     pub base_budget: f64,
     /// Bucket size, cost units; also the most debt the backend time of slow calls may leave
     /// in it (a call is charged, when it ends, for the time it held past its tool's healthy
-    /// latency). Default 10 (stormgate's choice).
+    /// latency). Default 1 000 (one second of the default budget).
     pub burst: f64,
     /// How hard the storm score cuts the budget: factor `exp(-coefficient x score)`.
     /// Default 0.2 (seed 4.2: start at 0.2; too large catches complex tasks).
@@ -110,8 +117,8 @@ impl Default for SessionConfig {
             weighted: false,
             max_keys: 64,
             resource_keys: BTreeMap::new(),
-            base_budget: 5.0,
-            burst: 10.0,
+            base_budget: 1000.0,
+            burst: 1000.0,
             entropy_coefficient: 0.2,
             min_factor: 0.02,
             recover_step: 0.1,
@@ -236,6 +243,13 @@ struct Session {
     calls: u64,
     /// Calls that finished (their outcome observed).
     finished: u64,
+    /// Failures within about one window: incremented per failure, decaying with the window
+    /// as time constant (at `failed_at`).
+    failures: f64,
+    failed_at: u64,
+    /// When the last refusal told a client to come back, ns: the next refusal's wait starts
+    /// after it, so the hints of a burst are spread over the refill instead of colliding.
+    hinted: u64,
     rejected: u64,
     /// In the storm state (logged on entry and exit): entered when the factor falls below
     /// [`STORM_ENTER`], left when it is back at [`STORM_LEAVE`] or above.
@@ -306,7 +320,25 @@ const STORM_ENTER: f64 = 0.5;
 /// A session in a storm whose factor is back at this or above is logged as leaving it.
 const STORM_LEAVE: f64 = 0.9;
 
+/// Seconds as nanoseconds, saturating.
+fn secs_ns(secs: f64) -> u64 {
+    (secs.max(0.0) * 1e9).min(u64::MAX as f64) as u64
+}
+
 impl Session {
+    /// How much its error rate counts, in [0, 1]: nothing while it has failed at most
+    /// [`ERRORS_ALLOWED`] times within about a window, in full from twice that.
+    fn error_volume(&self, now: u64, window: f64) -> f64 {
+        let failures = self.failures_at(now, window);
+        ((failures - ERRORS_ALLOWED) / ERRORS_ALLOWED).clamp(0.0, 1.0)
+    }
+
+    /// Its failures within about a window, decayed to `now`.
+    fn failures_at(&self, now: u64, window: f64) -> f64 {
+        let dt = now.saturating_sub(self.failed_at) as f64 / 1e9;
+        self.failures * (-dt / window).exp()
+    }
+
     /// Logs a change of storm state (the session as a hash: its id is the client's choice).
     fn note_storm(&mut self) {
         let storm = if self.storm {
@@ -468,6 +500,9 @@ impl SessionGuard {
             consumed: 0.0,
             calls: 0,
             finished: 0,
+            failures: 0.0,
+            failed_at: now,
+            hinted: 0,
             rejected: 0,
             storm: false,
             trust: 1.0,
@@ -735,10 +770,11 @@ impl Admission for SessionGuard {
         s.last = now;
         let weight = if config.weighted { call.cost.max(1) } else { 1 };
         s.window.record(Duration::from_nanos(now), key, weight);
+        let window = config.window_size.as_secs_f64();
         let signals = Signals {
             entropy: s.window.entropy(),
             entropy_baseline: s.entropy_baseline.value(),
-            error_rate: s.errors.value().unwrap_or(0.0),
+            error_rate: s.errors.value().unwrap_or(0.0) * s.error_volume(now, window),
             latency_ratio: s.latency.value().unwrap_or(1.0),
         };
         let t = &Tolerances {
@@ -795,12 +831,30 @@ impl Admission for SessionGuard {
             Ok(SessionPermit(Some((entry, cost))))
         } else {
             s.rejected += 1;
-            let wait = (cost - s.tokens) / rate;
+            // Its own slot in the refill: after the deficit, and after the last refusal's slot
+            // (so a burst refused together comes back spread, each when its tokens are there).
+            let refill = rate * trust;
+            let own = now.saturating_add(secs_ns((cost - s.tokens) / refill));
+            // At most one window past its own: a client that keeps calling through its
+            // refusals does not push the slots out without end.
+            let slot = own
+                .max(s.hinted.saturating_add(secs_ns(cost / refill)))
+                .min(own.saturating_add(secs_ns(window)));
+            s.hinted = slot;
+            let reason = if reason != Reason::SessionBudgetExceeded {
+                reason
+            } else if s.factor < 1.0 {
+                Reason::SessionStorm
+            } else if trust < 1.0 {
+                Reason::SessionProbation
+            } else {
+                reason
+            };
             ::metrics::counter!(metrics::SESSION_REJECTED).increment(1);
             Err(Rejection::new(
                 reason,
                 Scope::AgentSession,
-                Duration::from_secs_f64(wait.max(0.001)),
+                Duration::from_nanos(slot - now).max(Duration::from_millis(1)),
             ))
         }
     }
@@ -885,6 +939,11 @@ impl SessionGuard {
         s.finished += 1;
         s.errors
             .update(if o.outcome.is_failure() { 1.0 } else { 0.0 });
+        if o.outcome.is_failure() {
+            let at = self.now();
+            s.failures = s.failures_at(at, config.window_size.as_secs_f64()) + 1.0;
+            s.failed_at = at;
+        }
         s.latency.update(ratio);
         if s.pool || s.probation.is_some() {
             // Slow start: a healthy call doubles the share of the rate, an unhealthy one

@@ -10,14 +10,20 @@
 //!   queries looks diverse), and its Shannon entropy, kept in O(1) per call and per expiry
 //!   ([`Shannon`]);
 //! * its health from the outcome hook: smoothed error rate, and service time relative to each
-//!   tool's healthy service time;
+//!   tool's healthy service time; the error rate counts only at volume (nothing for up to
+//!   [`ERRORS_ALLOWED`] failures within about a window, in full from twice that), so a few
+//!   ordinary tool errors are not a storm;
 //! * a storm score ([`storm_score`]): `distress x (1 + diversity)`, where distress is how far
 //!   errors and latency are past their tolerances and diversity is the entropy above 1 bit plus
 //!   its rise over the session's own healthy baseline;
 //! * a budget: `base_budget` cost units per second times `exp(-entropy_coefficient x score)`
 //!   (at least `min_factor`), cut at once when the score rises, regained by `recover_step` per
-//!   second once the session is healthy again (errors and latency back within tolerance). Refusal: `session_budget_exceeded`, scope `agent_session`,
-//!   `retry_after_ms` from the real deficit.
+//!   second once the session is healthy again (errors and latency back within tolerance).
+//!   Refusals name their cause, scope `agent_session`: `session_storm` (the score cut the
+//!   budget), `session_probation` (a new session past what probation lends it), else
+//!   `session_budget_exceeded`. `retry_after_ms` is the session's own slot in the refill: the
+//!   real deficit, and after the slot of the refusal before it, so a burst refused together
+//!   comes back spread and is admitted.
 //!
 //! Complex-task protection (seed 5.2): a diverse session whose calls succeed at normal latency
 //! has no distress and scores 0: it is never penalized for its entropy. A low-entropy loop of
@@ -45,7 +51,8 @@ mod window;
 
 pub(crate) use guard::ClientKeys;
 pub use guard::{
-    MAX_TOOLS, SessionConfig, SessionGuard, SessionPermit, SessionSummary, UNVERIFIED_PREFIX,
+    ERRORS_ALLOWED, MAX_TOOLS, SessionConfig, SessionGuard, SessionPermit, SessionSummary,
+    UNVERIFIED_PREFIX,
 };
 pub use key::MAX_HASHED_ARGS;
 // The pure cores below are public for the crate's proptests, benches and demo, not an API

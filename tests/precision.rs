@@ -1,0 +1,241 @@
+//! Precision: healthy clients are never refused with no configuration at all (fast, bursty,
+//! new, or with a few tool errors), a fresh server admits a calm newcomer's first call of
+//! every tool with the example configuration, and a burst refused together that waits its
+//! hints is admitted on its second try. The whole stack in process around the example's real
+//! rmcp server (or a plain handler where a tool must fail on demand), on paused time.
+
+mod common;
+
+#[path = "../examples/mcp_server/app.rs"]
+mod app;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use futures::future::join_all;
+use serde_json::{Value, json};
+use stormgate::SessionId;
+use stormgate::control::{Config, Control};
+use tower::ServiceExt;
+
+/// The example server behind the whole stack with `config`.
+fn stack(config: Config) -> (Router, Control) {
+    app::protected(app::Backend::new(), config).unwrap()
+}
+
+/// A call's answer: the message, and the refusal's reason and wait if it was refused.
+async fn call(router: &Router, session: &str, id: usize, tool: &str, args: Value) -> Value {
+    let res = router
+        .clone()
+        .oneshot(common::tool_call(session, id, tool, args))
+        .await
+        .unwrap();
+    common::message(res).await.0
+}
+
+fn refused(message: &Value) -> Option<(String, u64)> {
+    let data = &message["error"]["data"];
+    let reason = data["reason"].as_str()?.to_owned();
+    Some((reason, data["retry_after_ms"].as_u64().unwrap()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fast_sequential_client_is_never_refused_with_no_configuration() {
+    let (router, _control) = stack(Config::default());
+    let session = common::session(&router).await;
+    let mut refusals = Vec::new();
+    for i in 0..100 {
+        let m = call(
+            &router,
+            &session,
+            i,
+            "cache_get",
+            json!({"key": format!("k{i}")}),
+        )
+        .await;
+        refusals.extend(refused(&m));
+        tokio::time::advance(Duration::from_millis(5)).await;
+    }
+    assert_eq!(refusals, [], "100 calls, one every 5 ms");
+}
+
+#[tokio::test(start_paused = true)]
+async fn twenty_concurrent_calls_of_a_new_client_are_never_refused_with_no_configuration() {
+    let (router, _control) = stack(Config::default());
+    let session = common::session(&router).await;
+    let answers = join_all((0..20).map(|i| {
+        let (router, session) = (router.clone(), session.clone());
+        async move {
+            call(
+                &router,
+                &session,
+                i,
+                "cache_get",
+                json!({"key": i.to_string()}),
+            )
+            .await
+        }
+    }))
+    .await;
+    let refusals: Vec<_> = answers.iter().filter_map(refused).collect();
+    assert_eq!(refusals, [], "20 concurrent calls");
+}
+
+#[tokio::test(start_paused = true)]
+async fn eight_one_shot_sessions_at_once_are_never_refused_with_no_configuration() {
+    let (router, _control) = stack(Config::default());
+    let answers = join_all((0..8).map(|i| {
+        let router = router.clone();
+        async move {
+            let session = common::session(&router).await;
+            let mut answers = Vec::new();
+            for k in 0..3 {
+                answers
+                    .push(call(&router, &session, k, "read_doc", json!({"id": i * 10 + k})).await);
+            }
+            answers
+        }
+    }))
+    .await;
+    let refusals: Vec<_> = answers.iter().flatten().filter_map(refused).collect();
+    assert_eq!(refusals, [], "8 one-shot sessions of three calls each");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fresh_server_admits_a_calm_newcomers_first_call_of_every_tool() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/stormgate.toml");
+    let config = Config::load(std::path::Path::new(path)).unwrap();
+    let (router, _control) = stack(config);
+    let session = common::session(&router).await;
+    let mut refusals = Vec::new();
+    for (i, (tool, args)) in [
+        ("cache_get", json!({"key": "a"})),
+        ("create_order", json!({"item": "gpu", "quantity": 1})),
+        ("sql_scan", json!({"table": "orders"})),
+        ("vector_search", json!({"query": "q"})),
+        ("read_doc", json!({"id": 1})),
+        ("order_count", json!({})),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = call(&router, &session, i, tool, args).await;
+        refusals.extend(refused(&m).map(|r| (tool, r)));
+    }
+    assert_eq!(refusals, [], "one call of each tool");
+}
+
+/// A plain MCP server whose `flaky` tool fails (an `isError` result) on the calls listed.
+fn flaky_server(fail: &'static [usize]) -> Router {
+    let n = Arc::new(AtomicUsize::new(0));
+    let server = move |body: bytes::Bytes| {
+        let n = n.clone();
+        async move {
+            let text = String::from_utf8_lossy(&body).into_owned();
+            let json = |body: Value| {
+                http::Response::builder()
+                    .header("content-type", "application/json")
+                    .header("mcp-session-id", "flaky-1")
+                    .body(Body::from(body.to_string()))
+                    .unwrap()
+            };
+            let message: Value = serde_json::from_str(&text).unwrap();
+            match message["method"].as_str() {
+                Some("initialize") => json(json!({"jsonrpc":"2.0","id":message["id"],"result":{
+                    "protocolVersion":"2025-11-25","capabilities":{"tools":{}},
+                    "serverInfo":{"name":"flaky","version":"1"}}})),
+                Some("tools/call") => {
+                    let i = n.fetch_add(1, Ordering::SeqCst);
+                    let failed = fail.contains(&i);
+                    json(json!({"jsonrpc":"2.0","id":message["id"],"result":{
+                        "content":[{"type":"text","text": if failed {"no such row"} else {"ok"}}],
+                        "isError": failed}}))
+                }
+                _ => http::Response::builder()
+                    .status(202)
+                    .body(Body::empty())
+                    .unwrap(),
+            }
+        }
+    };
+    Router::new().route("/mcp", axum::routing::post(server))
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_tool_errors_among_twenty_calls_cut_nothing() {
+    let control = Control::new(Config::default()).unwrap();
+    let router = control.wrap(flaky_server(&[4, 9, 13]));
+    let session = common::session(&router).await;
+    let mut refusals = Vec::new();
+    for i in 0..20 {
+        let m = call(
+            &router,
+            &session,
+            i,
+            "flaky",
+            json!({"q": format!("query {i}")}),
+        )
+        .await;
+        refusals.extend(refused(&m));
+        tokio::time::advance(Duration::from_millis(200)).await;
+    }
+    assert_eq!(refusals, [], "3 ordinary tool errors");
+    let summary = control
+        .sessions()
+        .summary(&SessionId::new("flaky-1"))
+        .unwrap();
+    assert!(summary.factor >= 0.9, "{summary:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_that_waits_its_hints_is_admitted_on_its_second_try() {
+    // A session budget small enough to refuse a burst: 10 calls/s, a bucket of 10.
+    let mut config = Config::default();
+    config.sessions.base_budget = 10.0;
+    config.sessions.burst = 10.0;
+    config.sessions.probation = 1.0;
+    let (router, _control) = stack(config);
+    let session = common::session(&router).await;
+    let first = join_all((0..30).map(|i| {
+        let (router, session) = (router.clone(), session.clone());
+        async move {
+            let m = call(
+                &router,
+                &session,
+                i,
+                "cache_get",
+                json!({"key": i.to_string()}),
+            )
+            .await;
+            (i, refused(&m))
+        }
+    }))
+    .await;
+    let waiting: Vec<(usize, u64)> = first
+        .iter()
+        .filter_map(|(i, r)| r.as_ref().map(|(_, wait)| (*i, *wait)))
+        .collect();
+    assert_eq!(waiting.len(), 20, "a bucket of 10: 20 refused");
+    // Each waits exactly its hint, then calls again.
+    let second = join_all(waiting.iter().map(|&(i, wait)| {
+        let (router, session) = (router.clone(), session.clone());
+        async move {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            let m = call(
+                &router,
+                &session,
+                100 + i,
+                "cache_get",
+                json!({"key": i.to_string()}),
+            )
+            .await;
+            refused(&m)
+        }
+    }))
+    .await;
+    let again: Vec<_> = second.into_iter().flatten().collect();
+    assert_eq!(again, [], "every waiter admitted on its second try");
+}
