@@ -60,6 +60,9 @@ async fn node_with_minimum(config: Option<DistributedConfig>, min_budget: f64) -
     let shared = config.map(|c| SharedBudget::new(c).unwrap());
     let mut builder = Budget::builder(BudgetConfig {
         stable_budget: BUDGET,
+        // A tenth of a second of burst (the default is a second): these tests measure the
+        // cluster's rate over windows of about a second.
+        burst: Some(BUDGET / 10.0),
         ..BudgetConfig::default()
     })
     .tenants(TenantConfig {
@@ -499,6 +502,7 @@ async fn a_decrease_by_one_node_reaches_the_others_within_a_second() {
                 .reconfigure(
                     BudgetConfig {
                         stable_budget: lower,
+                        burst: Some(BUDGET / 10.0),
                         ..BudgetConfig::default()
                     },
                     TenantConfig {

@@ -26,6 +26,9 @@ fn config(redis: Option<&str>, node: &str) -> Config {
     Config {
         budget: BudgetConfig {
             stable_budget: BUDGET,
+            // A tenth of a second of burst (the default is a second): the cluster's rate is
+            // measured over windows of about a second.
+            burst: Some(BUDGET / 10.0),
             ..BudgetConfig::default()
         },
         tenants: TenantConfig {

@@ -180,7 +180,14 @@ impl<'a> Taking<'a> {
                 self.charged.push(Item::Bucket(bucket));
                 Ok(())
             }
-            Err(wait) => Err(self.refuse(why, wait)),
+            Err(wait) => {
+                // The refused caller's own slot in the refill, after the slots already told.
+                let wait = self
+                    .ledger
+                    .bucket(bucket, self.charged.tenant.as_deref())
+                    .map_or(wait, |b| b.spread(now, cost, wait));
+                Err(self.refuse(why, wait))
+            }
         }
     }
 

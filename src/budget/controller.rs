@@ -44,8 +44,9 @@ pub struct BudgetConfig {
     pub stable_budget: f64,
     /// The lowest the budget goes. Default 10% of `stable_budget` (stormgate's choice).
     pub floor: Option<f64>,
-    /// Bucket size in cost units: how much may be spent at once. Default a tenth of
-    /// `stable_budget` (100 ms of it), at least the largest tool weight.
+    /// Bucket size in cost units: how much may be spent at once. Default `stable_budget` (one
+    /// second of it, as governor's quotas default their burst to their rate), at least the
+    /// largest tool weight: a calm newcomer's first call of every tool fits.
     pub burst: Option<f64>,
     /// Tick length (`sample_interval_ms`). Default 100 ms (seed 3.2).
     #[serde(rename = "sample_interval_ms", with = "crate::duration_ms")]
@@ -125,7 +126,7 @@ impl BudgetConfig {
     /// The bucket size in effect, given the largest tool weight.
     pub fn burst(&self, max_weight: u32) -> f64 {
         self.burst
-            .unwrap_or(self.stable_budget / 10.0)
+            .unwrap_or(self.stable_budget)
             .max(f64::from(max_weight))
             .max(1.0)
     }

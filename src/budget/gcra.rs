@@ -26,6 +26,9 @@ pub fn gcra_check(tat: u64, now: u64, cost: u64, interval: u64, burst: u64) -> R
     }
 }
 
+/// How far past its own wait [`Gcra::spread`] may put a refused caller's slot, at least.
+pub const SPREAD_MIN: u64 = 1_000_000_000;
+
 /// A GCRA bucket whose rate can change while it runs. Times are nanoseconds on a clock the
 /// caller owns (stormgate uses nanoseconds since the budget was built).
 #[derive(Debug)]
@@ -33,6 +36,8 @@ pub struct Gcra {
     tat: AtomicU64,
     interval: AtomicU64,
     burst: AtomicU64,
+    /// The latest time a refused caller was told to come back ([`Gcra::spread`]).
+    hinted: AtomicU64,
 }
 
 impl Gcra {
@@ -42,6 +47,7 @@ impl Gcra {
             tat: AtomicU64::new(0),
             interval: AtomicU64::new(interval_ns.max(1)),
             burst: AtomicU64::new(burst.max(1)),
+            hinted: AtomicU64::new(0),
         }
     }
 
@@ -83,6 +89,30 @@ impl Gcra {
             {
                 Ok(_) => return Ok(()),
                 Err(current) => tat = current,
+            }
+        }
+    }
+
+    /// A refused caller's wait, `wait` ns from `now` for `cost` units, made its own slot in
+    /// the refill: no earlier than one call's refill after the slot told to the refusal before
+    /// it, and at most one full bucket's refill (or [`SPREAD_MIN`], if more) past its own. Callers refused together are told
+    /// waits spread over the refill, so when each comes back its units are there, instead of
+    /// all coming back at once to be refused again.
+    pub fn spread(&self, now: u64, cost: u64, wait: u64) -> u64 {
+        let interval = self.interval.load(Ordering::Relaxed);
+        let own = now.saturating_add(wait);
+        let step = cost.saturating_mul(interval);
+        let bucket = self.burst.load(Ordering::Relaxed).saturating_mul(interval);
+        let limit = own.saturating_add(bucket.max(SPREAD_MIN));
+        let mut told = self.hinted.load(Ordering::Relaxed);
+        loop {
+            let slot = own.max(told.saturating_add(step)).min(limit);
+            match self
+                .hinted
+                .compare_exchange_weak(told, slot, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return slot - now,
+                Err(current) => told = current,
             }
         }
     }
@@ -178,6 +208,23 @@ mod tests {
             } else {
                 false
             }
+        }
+    }
+
+    /// Callers refused together, each coming back at its hint, are all admitted.
+    #[test]
+    fn refusals_together_are_told_slots_that_admit_them() {
+        let ms = 1_000_000;
+        let g = Gcra::new(10 * ms, 10); // 100 units a second, a bucket of 10
+        let refused: Vec<u64> = (0..30)
+            .filter_map(|_| g.try_take(0, 1).err().map(|wait| g.spread(0, 1, wait)))
+            .collect();
+        assert_eq!(refused.len(), 20);
+        for (i, wait) in refused.iter().enumerate() {
+            assert_eq!(*wait, (i as u64 + 1) * 10 * ms, "one unit's refill apart");
+        }
+        for wait in refused {
+            assert!(g.try_take(wait, 1).is_ok(), "admitted at {wait}");
         }
     }
 

@@ -63,7 +63,7 @@ pub use crate::stats::Ewma;
 #[doc(hidden)]
 pub use controller::{Controller, TickStats};
 #[doc(hidden)]
-pub use gcra::{Gcra, RESERVE, gcra_check, interval_for_rate};
+pub use gcra::{Gcra, RESERVE, SPREAD_MIN, gcra_check, interval_for_rate};
 #[doc(hidden)]
 pub use tenant::{DEMAND_HEADROOM, allocate};
 
