@@ -658,8 +658,18 @@ fn bin() -> std::process::Command {
 #[test]
 fn the_binary_refuses_bad_input_with_exit_code_2_and_a_message() {
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
-    let cases: [Case; 6] = [
+    let cases: [Case; 8] = [
         (&["--bogus"], &[], "unknown argument \"--bogus\""),
+        (
+            &["--upstream", "http://127.0.0.1:3001"],
+            &[],
+            "has no path: MCP servers serve at one, such as \"http://127.0.0.1:3001/mcp\"",
+        ),
+        (
+            &["--check-config", "nope.toml"],
+            &[],
+            "nope.toml: No such file",
+        ),
         (&["--upstream"], &[], "--upstream needs a value"),
         (&[], &[], "no upstream"),
         (&["--upstream", "ftp://x/mcp"], &[], "gateway.upstream"),
@@ -710,9 +720,68 @@ fn the_binary_refuses_bad_input_with_exit_code_2_and_a_message() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("differ: give one"), "{stderr}");
     let _ = std::fs::remove_file(&config);
+    // A file that cannot be read is named once.
+    let out = bin()
+        .args([
+            "--config",
+            "nope.toml",
+            "--upstream",
+            "http://127.0.0.1:1/mcp",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.matches("nope.toml").count(), 1, "{stderr}");
     let help = bin().arg("--help").output().unwrap();
     assert_eq!(help.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&help.stdout).contains("usage: stormgate --upstream URL"));
+}
+
+/// `--print-config` writes the configuration in effect (the flag's upstream, every default) as
+/// TOML that `--check-config` accepts and that loads back to the same configuration.
+#[test]
+fn the_binary_prints_the_configuration_in_effect_and_checks_files() {
+    let out = bin()
+        .args(["--upstream", "http://127.0.0.1:1/mcp", "--print-config"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let printed = stormgate::control::Config::from_toml(&text).unwrap();
+    let mut expected = stormgate::control::Config::default();
+    expected.gateway = Some(stormgate::gateway::GatewayConfig {
+        upstream: Some("http://127.0.0.1:1/mcp".into()),
+        ..Default::default()
+    });
+    assert_eq!(printed, expected, "{text}");
+    assert!(
+        text.contains("base_budget = 1000.0"),
+        "the defaults are printed: {text}"
+    );
+    let file = std::env::temp_dir().join(format!("stormgate-printed-{}.toml", std::process::id()));
+    std::fs::write(&file, &text).unwrap();
+    let check = bin().arg("--check-config").arg(&file).output().unwrap();
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    std::fs::write(&file, "[sessions]\nbase_budget = -1\n").unwrap();
+    let check = bin().arg("--check-config").arg(&file).output().unwrap();
+    let stderr = String::from_utf8_lossy(&check.stderr);
+    assert_eq!(check.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("sessions.base_budget: must be greater than 0"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(&file);
 }
 
 /// The binary in front of `upstream` with a configuration file of `text` (named after `name`

@@ -31,6 +31,11 @@ pub const MAX_UPSTREAM_LEN: usize = 2048;
 /// assert!(c.validate().is_ok());
 /// let bad = GatewayConfig { upstream: Some("ftp://x".into()), ..GatewayConfig::default() };
 /// assert_eq!(bad.validate().unwrap_err().field, "gateway.upstream");
+/// // No path: refused with a hint (the root must be written out).
+/// let no_path = GatewayConfig { upstream: Some("http://127.0.0.1:3001".into()), ..GatewayConfig::default() };
+/// assert!(no_path.validate().unwrap_err().to_string().contains("http://127.0.0.1:3001/mcp"));
+/// let root = GatewayConfig { upstream: Some("http://127.0.0.1:3001/".into()), ..GatewayConfig::default() };
+/// assert!(root.validate().is_ok());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -82,7 +87,8 @@ impl Default for GatewayConfig {
     }
 }
 
-/// The upstream URL, checked: `http`, with a host, at most [`MAX_UPSTREAM_LEN`] bytes.
+/// The upstream URL, checked: `http`, with a host and a path, at most [`MAX_UPSTREAM_LEN`]
+/// bytes.
 pub(crate) fn parse_upstream(url: &str) -> Result<http::Uri, ConfigError> {
     let field = "gateway.upstream";
     if url.len() > MAX_UPSTREAM_LEN {
@@ -112,6 +118,19 @@ pub(crate) fn parse_upstream(url: &str) -> Result<http::Uri, ConfigError> {
     }
     if uri.host().is_none_or(str::is_empty) {
         return Err(ConfigError::new(field, format!("{url:?} has no host")));
+    }
+    // `http://host:port` alone: every request would get the server's answer for `/` (an
+    // HTML 404 from most); MCP servers serve their endpoint at a path.
+    let after_scheme = &url[url.find("://").map_or(0, |i| i + 3)..];
+    if !after_scheme.contains('/') {
+        return Err(ConfigError::new(
+            field,
+            format!(
+                "{url:?} has no path: MCP servers serve at one, such as {:?} (write {:?} for the root)",
+                format!("{url}/mcp"),
+                format!("{url}/")
+            ),
+        ));
     }
     Ok(uri)
 }

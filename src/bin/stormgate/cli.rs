@@ -9,6 +9,8 @@ pub(crate) const HELP: &str = "\
 stormgate: the stormgate stack in front of any streamable-HTTP MCP server
 
 usage: stormgate --upstream URL [--listen ADDR] [--config FILE] [--shutdown-grace-ms MS]
+       stormgate [--config FILE] [--upstream URL] --print-config
+       stormgate --check-config FILE
 
   --upstream URL          the upstream MCP endpoint, http://host:port/path
                           (env STORMGATE_UPSTREAM; or [gateway] upstream in the file)
@@ -17,6 +19,9 @@ usage: stormgate --upstream URL [--listen ADDR] [--config FILE] [--shutdown-grac
                           (env STORMGATE_CONFIG; default: built-in defaults, no reloads)
   --shutdown-grace-ms MS  how long calls in flight may finish after SIGTERM/SIGINT
                           (env STORMGATE_SHUTDOWN_GRACE_MS; default 30000)
+  --print-config          print the configuration in effect (the file's, the flags', and every
+                          default) as TOML, and exit
+  --check-config FILE     check a configuration file: exit 0 if it can run, else 2 with the reason
   -h, --help              this text
   -V, --version           the version
 
@@ -32,6 +37,10 @@ pub(crate) enum Command {
     Help,
     Version,
     Run(Options),
+    /// Print the configuration in effect for these options.
+    Print(Options),
+    /// Check one configuration file.
+    Check(PathBuf),
 }
 
 #[derive(Debug)]
@@ -79,12 +88,26 @@ pub(crate) fn parse(
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Command, UsageError> {
     let mut values: [Option<String>; 4] = Default::default();
+    let mut print = false;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "-h" | "--help" => return Ok(Command::Help),
             "-V" | "--version" => return Ok(Command::Version),
+            "--print-config" => {
+                print = true;
+                continue;
+            }
+            "--check-config" => {
+                let file = args
+                    .next()
+                    .ok_or(UsageError::MissingValue("--check-config"))?;
+                return Ok(Command::Check(PathBuf::from(file)));
+            }
             _ => {}
+        }
+        if let Some(file) = arg.strip_prefix("--check-config=") {
+            return Ok(Command::Check(PathBuf::from(file)));
         }
         let (name, inline) = match arg.split_once('=') {
             Some((name, value)) => (name, Some(value.to_owned())),
@@ -119,12 +142,17 @@ pub(crate) fn parse(
             why: "not a number of milliseconds",
         })?),
     };
-    Ok(Command::Run(Options {
+    let options = Options {
         listen,
         upstream,
         config: config.map(PathBuf::from),
         grace,
-    }))
+    };
+    Ok(if print {
+        Command::Print(options)
+    } else {
+        Command::Run(options)
+    })
 }
 
 #[cfg(test)]
@@ -176,5 +204,26 @@ mod tests {
             })
         ));
         assert!(matches!(run(&["-h"], &[]), Ok(Command::Help)));
+        assert_eq!(
+            run(&["--check-config"], &[]).unwrap_err(),
+            UsageError::MissingValue("--check-config")
+        );
+    }
+
+    #[test]
+    fn print_and_check_are_commands() {
+        let Ok(Command::Print(o)) = run(&["--config", "g.toml", "--print-config"], &[]) else {
+            panic!()
+        };
+        assert_eq!(o.config, Some(PathBuf::from("g.toml")));
+        for args in [
+            &["--check-config", "g.toml"][..],
+            &["--check-config=g.toml"],
+        ] {
+            let Ok(Command::Check(file)) = run(args, &[]) else {
+                panic!("{args:?}")
+            };
+            assert_eq!(file, PathBuf::from("g.toml"));
+        }
     }
 }

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 
 use axum::Router;
 use axum::routing::get;
+use stormgate::ControlError;
 use stormgate::control::{Config, Control};
 use stormgate::gateway::{Hosts, HostsLayer, Proxy};
 use tracing_subscriber::filter::{LevelFilter, Targets};
@@ -42,6 +43,31 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Ok(cli::Command::Run(options)) => options,
+        Ok(cli::Command::Check(path)) => {
+            return match Config::load(&path).and_then(|c| Control::new(c).map(drop)) {
+                Ok(()) => {
+                    println!("{}: ok", path.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => usage(config_error(&path, &e)),
+            };
+        }
+        Ok(cli::Command::Print(options)) => {
+            let config = match effective(&options) {
+                Ok(config) => config,
+                Err(e) => return usage(e),
+            };
+            return match toml::to_string(&config) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("stormgate: cannot write the configuration: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Err(e) => return usage(e),
     };
     let filter = std::env::var("RUST_LOG")
@@ -52,29 +78,15 @@ fn main() -> ExitCode {
         .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
         .with(filter)
         .init();
-    let mut config = match &options.config {
-        Some(path) => match Config::load(path) {
-            Ok(config) => config,
-            Err(e) => return usage(format_args!("{}: {e}", path.display())),
-        },
-        None => Config::default(),
+    let config = match effective(&options) {
+        Ok(config) => config,
+        Err(e) => return usage(e),
     };
-    let gateway = config.gateway.get_or_insert_with(Default::default);
-    if let Some(upstream) = &options.upstream {
-        // Both given and different: every reload of the file would be refused (the upstream
-        // cannot change while running), so refuse it now, saying why.
-        if let Some(file) = gateway.upstream.as_ref().filter(|f| *f != upstream) {
-            return usage(format_args!(
-                "--upstream (or STORMGATE_UPSTREAM) {upstream:?} and the file's [gateway] upstream {file:?} differ: give one"
-            ));
-        }
-        gateway.upstream = Some(upstream.clone());
-    }
-    if gateway.upstream.is_none() {
+    let Some(gateway) = config.gateway.as_ref().filter(|g| g.upstream.is_some()) else {
         return usage(
             "no upstream: give --upstream URL, STORMGATE_UPSTREAM, or [gateway] upstream",
         );
-    }
+    };
     let proxy = match Proxy::new(gateway) {
         Ok(proxy) => proxy,
         Err(e) => return usage(e),
@@ -90,6 +102,39 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(run(options, config, proxy))
+}
+
+/// A configuration error as one line that names the file once.
+fn config_error(path: &Path, e: &ControlError) -> String {
+    match e {
+        // It names the file itself.
+        ControlError::Read { .. } => e.to_string(),
+        _ => format!("{}: {e}", path.display()),
+    }
+}
+
+/// The configuration the options call for: the file's (or the defaults), with the flags'
+/// upstream.
+fn effective(options: &cli::Options) -> Result<Config, String> {
+    let mut config = match &options.config {
+        Some(path) => Config::load(path).map_err(|e| config_error(path, &e))?,
+        None => Config::default(),
+    };
+    let gateway = config.gateway.get_or_insert_with(Default::default);
+    if let Some(upstream) = &options.upstream {
+        // Both given and different: every reload of the file would be refused (the upstream
+        // cannot change while running), so refuse it now, saying why.
+        if let Some(file) = gateway.upstream.as_ref().filter(|f| *f != upstream) {
+            return Err(format!(
+                "--upstream (or STORMGATE_UPSTREAM) {upstream:?} and the file's [gateway] upstream {file:?} differ: give one"
+            ));
+        }
+        gateway.upstream = Some(upstream.clone());
+    }
+    if let Err(e) = gateway.validate() {
+        return Err(e.to_string());
+    }
+    Ok(config)
 }
 
 async fn run(options: cli::Options, config: Config, proxy: Proxy) -> ExitCode {
