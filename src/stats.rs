@@ -62,6 +62,10 @@ impl Ewma {
 
 /// Periods of a [`Baseline`].
 pub const BASELINE_PERIOD: Duration = Duration::from_secs(30);
+/// Samples a [`Baseline`] or [`CommonBaseline`] needs before it has a value: a tool's latency
+/// is judged against its norm only once it has one (two calls of a tool whose duration its
+/// arguments choose, 2 s and then 5 s, are not a slowdown).
+pub const MIN_SAMPLES: u32 = 5;
 /// How many periods with samples a [`Baseline`] remembers: a change of latency becomes the
 /// new normal only once it has lasted this many periods (five minutes).
 pub const BASELINE_PERIODS: usize = 10;
@@ -105,6 +109,8 @@ pub struct Baseline {
     period: u64,
     sum: f64,
     count: u64,
+    /// Samples recorded, up to [`MIN_SAMPLES`].
+    seen: u32,
 }
 
 impl Baseline {
@@ -122,10 +128,14 @@ impl Baseline {
         }
         self.sum += secs;
         self.count += 1;
+        self.seen = (self.seen + 1).min(MIN_SAMPLES);
     }
 
-    /// The baseline in seconds, `None` before any sample.
+    /// The baseline in seconds, `None` before [`MIN_SAMPLES`] samples.
     pub fn value(&self) -> Option<f64> {
+        if self.seen < MIN_SAMPLES {
+            return None;
+        }
         let current = (self.count > 0).then(|| self.sum / self.count as f64);
         self.done.iter().copied().chain(current).reduce(f64::min)
     }
@@ -167,6 +177,8 @@ pub struct CommonBaseline {
     clients: Vec<(u64, f64, u64)>,
     /// The period in progress's value, kept current by each record (read on every call).
     current: Option<f64>,
+    /// Samples recorded, up to [`MIN_SAMPLES`].
+    seen: u32,
 }
 
 impl CommonBaseline {
@@ -191,6 +203,7 @@ impl CommonBaseline {
         } else {
             return; // counts from the next period
         }
+        self.seen = (self.seen + 1).min(MIN_SAMPLES);
         self.current = self.upper_median();
     }
 
@@ -209,8 +222,11 @@ impl CommonBaseline {
         Some(*means.select_nth_unstable_by(n / 2, f64::total_cmp).1)
     }
 
-    /// The baseline in seconds, `None` before any sample.
+    /// The baseline in seconds, `None` before [`MIN_SAMPLES`] samples.
     pub fn value(&self) -> Option<f64> {
+        if self.seen < MIN_SAMPLES {
+            return None;
+        }
         if self.done.is_empty() {
             self.current
         } else {
@@ -383,6 +399,10 @@ mod tests {
                 at += dt;
                 b.record(Duration::from_millis(at), x);
                 samples.push((at, x));
+                if samples.len() < MIN_SAMPLES as usize {
+                    prop_assert_eq!(b.value(), None, "no value before MIN_SAMPLES");
+                    continue;
+                }
                 let (got, want) = (b.value().unwrap(), naive_baseline(&samples).unwrap());
                 prop_assert!((got - want).abs() <= 1e-9 * want, "{got} vs {want}");
             }
@@ -467,10 +487,18 @@ mod tests {
             samples.sort_by_key(|s| s.0);
             let mut b = CommonBaseline::default();
             let mut seen: Vec<(u64, u64, f64)> = Vec::new();
+            let mut counted = 0;
             for &(t, client, ms) in &samples {
                 let (now, secs) = (Duration::from_secs(t), ms as f64 / 1e3);
                 b.record(now, client, secs);
-                seen.push((t / BASELINE_PERIOD.as_secs(), client, secs));
+                let period = t / BASELINE_PERIOD.as_secs();
+                let mut clients: Vec<u64> = seen.iter().filter(|s| s.0 == period).map(|s| s.1).collect();
+                clients.sort_unstable();
+                clients.dedup();
+                if clients.contains(&client) || clients.len() < PERIOD_CLIENTS {
+                    counted += 1;
+                }
+                seen.push((period, client, secs));
                 let median = |period: u64| {
                     let mut clients: Vec<(u64, f64, u64)> = Vec::new();
                     for &(_, c, x) in seen.iter().filter(|s| s.0 == period) {
@@ -494,7 +522,8 @@ mod tests {
                 } else {
                     done.into_iter().reduce(f64::min).unwrap()
                 };
-                prop_assert_eq!(b.value(), Some(expected));
+                let expected = (counted >= MIN_SAMPLES).then_some(expected);
+                prop_assert_eq!(b.value(), expected);
             }
         }
     }

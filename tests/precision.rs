@@ -239,3 +239,60 @@ async fn a_burst_that_waits_its_hints_is_admitted_on_its_second_try() {
     let again: Vec<_> = second.into_iter().flatten().collect();
     assert_eq!(again, [], "every waiter admitted on its second try");
 }
+
+/// A plain MCP server with `long` (sleeps the `ms` its arguments ask, as long operations
+/// reporting progress do) and `fast`.
+fn long_server() -> Router {
+    let server = |body: bytes::Bytes| async move {
+        let message: Value = serde_json::from_slice(&body).unwrap();
+        let json = |body: Value| {
+            http::Response::builder()
+                .header("content-type", "application/json")
+                .header("mcp-session-id", "long-1")
+                .body(Body::from(body.to_string()))
+                .unwrap()
+        };
+        match message["method"].as_str() {
+            Some("initialize") => json(json!({"jsonrpc":"2.0","id":message["id"],"result":{
+                "protocolVersion":"2025-11-25","capabilities":{"tools":{}},
+                "serverInfo":{"name":"long","version":"1"}}})),
+            Some("tools/call") => {
+                let ms = message["params"]["arguments"]["ms"].as_u64().unwrap_or(1);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                json(json!({"jsonrpc":"2.0","id":message["id"],"result":{
+                    "content":[{"type":"text","text":"done"}]}}))
+            }
+            _ => http::Response::builder()
+                .status(202)
+                .body(Body::empty())
+                .unwrap(),
+        }
+    };
+    Router::new().route("/mcp", axum::routing::post(server))
+}
+
+/// Long operations whose duration their arguments choose (2 to 5 s) beside cheap calls, from
+/// the only client: every tool answers at its usual speed, so the budget is never cut.
+#[tokio::test(start_paused = true)]
+async fn long_operations_of_varying_length_never_cut_the_budget() {
+    let control = Control::new(Config::default()).unwrap();
+    let _tasks = control.spawn();
+    let router = control.wrap(long_server());
+    let session = common::session(&router).await;
+    let stable = control.budget().current();
+    let mut lowest = stable;
+    for (i, ms) in [2000, 5000, 2500, 4800, 3000, 5000, 2000, 4500, 2200, 5000]
+        .into_iter()
+        .enumerate()
+    {
+        let m = call(&router, &session, 2 * i, "long", json!({"ms": ms})).await;
+        assert_eq!(refused(&m), None);
+        let m = call(&router, &session, 2 * i + 1, "fast", json!({"ms": 1})).await;
+        assert_eq!(refused(&m), None);
+        for _ in 0..10 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            lowest = lowest.min(control.budget().current());
+        }
+    }
+    assert_eq!(lowest, stable, "the budget was cut");
+}
