@@ -754,11 +754,13 @@ fn the_binary_prints_the_configuration_in_effect_and_checks_files() {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     let printed = stormgate::control::Config::from_toml(&text).unwrap();
-    let mut expected = stormgate::control::Config::default();
-    expected.gateway = Some(stormgate::gateway::GatewayConfig {
-        upstream: Some("http://127.0.0.1:1/mcp".into()),
+    let expected = stormgate::control::Config {
+        gateway: Some(stormgate::gateway::GatewayConfig {
+            upstream: Some("http://127.0.0.1:1/mcp".into()),
+            ..Default::default()
+        }),
         ..Default::default()
-    });
+    };
     assert_eq!(printed, expected, "{text}");
     assert!(
         text.contains("base_budget = 1000.0"),
