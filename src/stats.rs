@@ -222,6 +222,23 @@ impl CommonBaseline {
         Some(*means.select_nth_unstable_by(n / 2, f64::total_cmp).1)
     }
 
+    /// What the tool's other clients see now: the upper median of the mean service times
+    /// (slow calls included) of the period in progress's clients other than `client`, when
+    /// there are at least two of them. A slowdown most clients see at once is the backend's;
+    /// one client's alone is its own.
+    pub fn seen_by_others(&self, client: u64) -> Option<f64> {
+        let mut means = [0.0; PERIOD_CLIENTS];
+        let mut n = 0;
+        for c in self.clients.iter().filter(|c| c.0 != client) {
+            means[n] = c.1 / c.2 as f64;
+            n += 1;
+        }
+        if n < 2 {
+            return None;
+        }
+        Some(*means[..n].select_nth_unstable_by(n / 2, f64::total_cmp).1)
+    }
+
     /// The baseline in seconds, `None` before [`MIN_SAMPLES`] samples.
     pub fn value(&self) -> Option<f64> {
         if self.seen < MIN_SAMPLES {
@@ -233,6 +250,17 @@ impl CommonBaseline {
             self.done.iter().copied().reduce(f64::min)
         }
     }
+}
+
+/// What [`ToolBaselines::judge`] tells of a tool.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Judged {
+    /// Its healthy latency before the call, seconds.
+    pub(crate) before: Option<f64>,
+    /// Its healthy latency after the call taught it, seconds.
+    pub(crate) after: Option<f64>,
+    /// What its other clients see now, seconds ([`CommonBaseline::seen_by_others`]).
+    pub(crate) others: Option<f64>,
 }
 
 /// Tools whose healthy latency is learned at most (a server's tool set may be dynamic; an
@@ -259,9 +287,11 @@ impl ToolBaselines {
     }
 
     /// The healthy latency of the tool at `key` before and after a call of `secs` seconds of
-    /// `client` at `now`, which teaches it when `learns` (nothing held the call back): one
-    /// lookup, one lock. (They differ only in the tool's first period, or when it is first
-    /// seen: after, the call's client has its vote.)
+    /// `client` at `now`, which teaches it when `learns` (nothing held the call back), and
+    /// what its other clients see now ([`CommonBaseline::seen_by_others`]): one lookup, one
+    /// lock. (Before and
+    /// after differ only in the tool's first period, or when it is first seen: after, the
+    /// call's client has its vote.)
     pub(crate) fn judge(
         &self,
         key: u64,
@@ -269,23 +299,26 @@ impl ToolBaselines {
         now: Duration,
         secs: f64,
         learns: bool,
-    ) -> (Option<f64>, Option<f64>) {
+    ) -> Judged {
         let entry = match self.tools.get(key) {
             None if learns => self.tools.get_or_insert(key, MAX_TOOLS, Default::default),
             found => found,
         };
         let Some(entry) = entry else {
-            return (None, None);
+            return Judged::default();
         };
         let mut b = entry
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let before = b.value();
-        if !learns {
-            return (before, before);
+        if learns {
+            b.record(now, client, secs);
         }
-        b.record(now, client, secs);
-        (before, b.value())
+        Judged {
+            before,
+            after: b.value(),
+            others: b.seen_by_others(client),
+        }
     }
 
     /// `tool`'s healthy latency, once learned.

@@ -522,3 +522,50 @@ async fn unaccepted_ids_share_one_vote_on_a_tools_latency() {
     assert_eq!(refused, 0);
     assert_eq!(g.len(), 2, "no made-up id was accepted");
 }
+
+/// Four sessions search, one call a second each, at 200 ms; from call 30 on, the backend
+/// answers every call in 1.2 s (6x, for everyone at once), or, in the control run, only the
+/// one session `alone`'s calls. Returns each session's lowest factor.
+async fn slowdown(everyone: bool) -> Vec<(String, f64)> {
+    let g = guard();
+    let start = tokio::time::Instant::now();
+    let mut lowest = vec![1.0f64; 4];
+    for i in 0..60u64 {
+        for (s, low) in lowest.iter_mut().enumerate() {
+            let slow = i >= 30 && (everyone || s == 0);
+            let c = call(
+                &format!("s{s}"),
+                "search",
+                json!({"q": format!("q{}", i % 3)}),
+            );
+            let step = send(
+                &g,
+                &c,
+                Outcome::Ok,
+                ms(if slow { 1200 } else { 200 }),
+                start,
+            )
+            .await;
+            *low = low.min(step.factor);
+        }
+        tokio::time::advance(ms(1000)).await;
+    }
+    lowest
+        .into_iter()
+        .enumerate()
+        .map(|(s, f)| (format!("s{s}"), f))
+        .collect()
+}
+
+/// Slowness the backend shows to every session at once is the backend's (the global budget
+/// owns it): no session is penalised for it, beyond a dip of the first sessions to see it
+/// (their calls are judged before the others' show it: 0.88 for one round). The same slowness
+/// on one session alone is its own, and cuts it.
+#[tokio::test(start_paused = true)]
+async fn a_slowdown_everyone_sees_penalises_no_session() {
+    let everyone = slowdown(true).await;
+    assert!(everyone.iter().all(|(_, f)| *f >= 0.85), "{everyone:?}");
+    let alone = slowdown(false).await;
+    assert!(alone[0].1 < 0.5, "the slow session alone is cut: {alone:?}");
+    assert!(alone[1..].iter().all(|(_, f)| *f >= 0.9), "{alone:?}");
+}

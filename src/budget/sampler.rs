@@ -91,9 +91,10 @@ impl Sampler {
         // The healthy latency learns only from calls nothing held back.
         let learns = !failed && !cancelled && o.queue_wait.is_zero();
         // Judged against what was learned before it, then taught.
-        let (baseline, _) = self
+        let baseline = self
             .tools
-            .judge(self.tools.key(tool), voter, now, secs, learns);
+            .judge(self.tools.key(tool), voter, now, secs, learns)
+            .before;
         let slow = config.is_slow(secs, baseline);
         if cancelled {
             // A call its client gave up on ran at least this long: a censored latency sample,

@@ -896,7 +896,8 @@ impl SessionGuard {
         let key = tools.key(tool);
         // The tool's, with this call's client's vote (a client new to a tool in its first
         // period is not judged by the others' calls alone).
-        let (_, common) = tools.judge(key, voter, now, secs, learns);
+        let judged = tools.judge(key, voter, now, secs, learns);
+        let common = judged.after;
         let mut s = lock(&entry);
         // A call is judged against the slower of its tool's healthy latency and the session's
         // own: work slow by nature (a new, cold query every call) is not slowness. The first
@@ -908,6 +909,12 @@ impl SessionGuard {
         let norm = match (common, own) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
+        };
+        // Slowness most of the tool's other clients see now is the backend's (the global
+        // budget's signal), not this session's: it is judged against that too.
+        let norm = match (norm, judged.others) {
+            (Some(n), Some(seen)) => Some(n.max(seen)),
+            (n, _) => n,
         };
         let ratio = norm.map_or(1.0, |b| {
             let ratio = secs / b.max(1e-6);
