@@ -517,6 +517,87 @@ async fn ts_client(url: &str) -> Value {
     common::report(command, "the TypeScript client").await
 }
 
+/// The reference `@modelcontextprotocol/server-everything` (pinned, installed by .ci/run) on
+/// streamable HTTP at a free port.
+async fn server_everything() -> Upstream {
+    let dir = common::node_dir();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut command = tokio::process::Command::new(format!("{dir}/node_modules/.bin/node"));
+    command
+        .current_dir(&dir)
+        .args([
+            "node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+            "streamableHttp",
+        ])
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("server-everything in {dir}: {e} (.ci/run installs it)"));
+    let ready = tokio::time::timeout(Duration::from_secs(30), async {
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        ready.is_ok(),
+        "server-everything in {dir} not listening within 30 s"
+    );
+    Upstream {
+        _child: child,
+        url: format!("http://127.0.0.1:{port}/mcp"),
+    }
+}
+
+/// The gateway started as the quick start says (no configuration) in front of the reference
+/// server-everything: the TypeScript SDK's feature walk, 100 sequential calls as fast as the
+/// server answers, 20 concurrent calls and 8 one-shot sessions at once, none refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_configuration_a_healthy_client_is_never_refused_by_the_gateway() {
+    let upstream = server_everything().await;
+    let mut child = tokio::process::Command::from(bin())
+        .args(["--listen", "127.0.0.1:0", "--upstream", &upstream.url])
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (addr, _logs) = listening(&mut child).await;
+    let dir = common::node_dir();
+    let mut command = tokio::process::Command::new(format!("{dir}/node_modules/.bin/node"));
+    command.current_dir(&dir).args([
+        "--input-type=module",
+        "-e",
+        include_str!("gateway/ts_walk.mjs"),
+        &format!("http://{addr}/mcp"),
+    ]);
+    let report = common::report(command, "the TypeScript feature walk").await;
+    assert_eq!(report["refusals"], json!([]), "{report}");
+    for tool in ["echo", "get-sum", "trigger-long-running-operation"] {
+        assert!(
+            report["tools"].as_array().unwrap().contains(&json!(tool)),
+            "{report}"
+        );
+    }
+    assert!(report["resources"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["read"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["prompts"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["prompt_messages"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["sum"].as_str().unwrap().contains('5'), "{report}");
+    assert_eq!(report["sequential_ok"], 100, "{report}");
+    assert_eq!(report["concurrent_ok"], 20, "{report}");
+    assert_eq!(report["one_shot_ok"], 8, "{report}");
+}
+
 /// One session may make six quick calls, then one a second: the four tools once and a short
 /// storm of `echo` are enough to be refused.
 fn storm_config() -> Config {
