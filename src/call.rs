@@ -13,8 +13,10 @@
 //!   that is being throttled could name another tenant, or a fresh one per call, and escape its
 //!   tenant's budget or spend someone else's. Trust a header only when a proxy you run sets it
 //!   and strips the client's copy.
-//! * **Session**: the `Mcp-Session-Id` header, else a configurable key of `params._meta`
-//!   (MCP 2026-07-28 has no sessions), else the tenant.
+//! * **Session**: the `Mcp-Session-Id` header, else a keyed hash of the credential the request
+//!   presents (`Authorization` by default: MCP 2026-07-28 has no sessions, and an
+//!   authenticated agent's token is what tells it from another), else a configurable key of
+//!   `params._meta`, else the client's declared info and address, else the tenant.
 //!
 //! Users with their own scheme implement [`Identify`].
 
@@ -417,29 +419,71 @@ pub trait Identify: Send + Sync + 'static {
 /// found by this ladder, first match wins:
 ///
 /// 1. the `Mcp-Session-Id` header (the server issued it);
-/// 2. the configured `_meta` key ([`session_meta_key`](Self::session_meta_key)), such as a
+/// 2. the credential the request presents in the credential header
+///    ([`credential_header`](Self::credential_header), `Authorization` by default), as a
+///    SipHash of its value under a key random per process (`~k` and 16 hex digits): each
+///    agent's bearer token is its own session, and the token is never kept or logged in clear;
+/// 3. the configured `_meta` key ([`session_meta_key`](Self::session_meta_key)), such as a
 ///    conversation or run id;
-/// 3. session-less requests (MCP 2026-07-28 has no sessions): the client's declared info
+/// 4. session-less requests (MCP 2026-07-28 has no sessions): the client's declared info
 ///    (`_meta["io.modelcontextprotocol/clientInfo"]`) with its IP address (when served with
 ///    `into_make_service_with_connect_info::<SocketAddr>()`; not the port, since SDKs open new
 ///    connections freely), so clients on other hosts or of other names are other sessions.
 ///    Two instances of one SDK on one host declare the same and are one session: give them a
-///    session key (step 2) to tell them apart;
-/// 4. the tenant.
+///    session key (step 3) to tell them apart;
+/// 5. the tenant.
 ///
 /// Every step but the last is the client's choice: the session guard gives such an id its own
 /// state only once the server has accepted it, so a client that varies it per call gains
 /// nothing.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct DefaultIdentity {
     tenant_header: Option<HeaderName>,
     session_meta_key: Option<String>,
+    credential_header: Option<HeaderName>,
+    credential_key: CredentialKey,
+}
+
+/// The key under which credentials are hashed into session ids: random per process (per
+/// [`Control`](crate::control::Control), kept across reloads), so ids cannot be computed from
+/// a token elsewhere, and the same token is the same session while the process runs.
+#[derive(Debug, Clone, Default)]
+pub struct CredentialKey(Arc<std::hash::RandomState>);
+
+impl Default for DefaultIdentity {
+    fn default() -> Self {
+        DefaultIdentity {
+            tenant_header: None,
+            session_meta_key: None,
+            credential_header: Some(http::header::AUTHORIZATION),
+            credential_key: CredentialKey::default(),
+        }
+    }
 }
 
 impl DefaultIdentity {
-    /// The `Tenant` extension, `Mcp-Session-Id`, then the tenant.
+    /// The `Tenant` extension; the session from `Mcp-Session-Id`, the `Authorization`
+    /// credential, the declared client, then the tenant.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Reads the credential from this header (default `Authorization`); `None`: credentials
+    /// are not an identity.
+    pub fn credential_header(mut self, header: Option<HeaderName>) -> Self {
+        self.credential_header = header;
+        self
+    }
+
+    /// Hashes credentials under `key` (to keep the same sessions across a reload).
+    pub fn credential_key(mut self, key: CredentialKey) -> Self {
+        self.credential_key = key;
+        self
+    }
+
+    /// The key credentials are hashed under.
+    pub fn key(&self) -> CredentialKey {
+        self.credential_key.clone()
     }
 
     /// Reads the tenant from this header when no `Tenant` extension is set. Only do this when
@@ -478,6 +522,16 @@ impl Identify for DefaultIdentity {
             .filter(|v| !v.is_empty())
         {
             return SessionId::new(bounded(id));
+        }
+        if let Some(credential) = self
+            .credential_header
+            .as_ref()
+            .and_then(|h| parts.headers.get(h))
+            .filter(|v| !v.is_empty())
+        {
+            use std::hash::BuildHasher;
+            let hash = self.credential_key.0.hash_one(credential.as_bytes());
+            return SessionId::new(format!("~k{hash:016x}"));
         }
         if let Some(id) = self
             .session_meta_key
@@ -534,6 +588,36 @@ pub(crate) fn bounded_name(name: &Arc<str>) -> Arc<str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn session_of(identity: &DefaultIdentity, token: &str) -> SessionId {
+        let req = http::Request::post("/mcp")
+            .header("authorization", token)
+            .body(())
+            .unwrap();
+        let (parts, ()) = req.into_parts();
+        identity.session(&parts, Meta::new(None), &Tenant::anonymous())
+    }
+
+    #[test]
+    fn a_credential_is_a_session_by_its_keyed_hash() {
+        let a = DefaultIdentity::new();
+        let s1 = session_of(&a, "Bearer one");
+        assert_eq!(
+            s1,
+            session_of(&a, "Bearer one"),
+            "the same token, the same session"
+        );
+        assert_ne!(s1, session_of(&a, "Bearer two"));
+        assert!(s1.as_str().starts_with("~k") && !s1.as_str().contains("one"));
+        // Another key (another process): another id for the same token; the same key (a
+        // reload keeps it): the same.
+        assert_ne!(s1, session_of(&DefaultIdentity::new(), "Bearer one"));
+        let reloaded = DefaultIdentity::new().credential_key(a.key());
+        assert_eq!(s1, session_of(&reloaded, "Bearer one"));
+        // Off: the next rung (here the tenant).
+        let off = DefaultIdentity::new().credential_header(None);
+        assert_eq!(session_of(&off, "Bearer one").as_str(), "anonymous");
+    }
     use proptest::prelude::*;
 
     proptest! {

@@ -62,9 +62,10 @@ impl Ewma {
 
 /// Periods of a [`Baseline`].
 pub const BASELINE_PERIOD: Duration = Duration::from_secs(30);
-/// Samples a [`Baseline`] or [`CommonBaseline`] needs before it has a value: a tool's latency
-/// is judged against its norm only once it has one (two calls of a tool whose duration its
-/// arguments choose, 2 s and then 5 s, are not a slowdown).
+/// Samples a [`CommonBaseline`] needs before it has a value: a tool's latency is judged against
+/// its norm only once it has one (two calls of a tool whose duration its arguments choose, 2 s
+/// and then 5 s, are not a slowdown). A session's own [`Baseline`] is its norm from its first
+/// call: its calls are judged against the slower of the two.
 pub const MIN_SAMPLES: u32 = 5;
 /// How many periods with samples a [`Baseline`] remembers: a change of latency becomes the
 /// new normal only once it has lasted this many periods (five minutes).
@@ -109,8 +110,6 @@ pub struct Baseline {
     period: u64,
     sum: f64,
     count: u64,
-    /// Samples recorded, up to [`MIN_SAMPLES`].
-    seen: u32,
 }
 
 impl Baseline {
@@ -128,14 +127,10 @@ impl Baseline {
         }
         self.sum += secs;
         self.count += 1;
-        self.seen = (self.seen + 1).min(MIN_SAMPLES);
     }
 
-    /// The baseline in seconds, `None` before [`MIN_SAMPLES`] samples.
+    /// The baseline in seconds, `None` before any sample.
     pub fn value(&self) -> Option<f64> {
-        if self.seen < MIN_SAMPLES {
-            return None;
-        }
         let current = (self.count > 0).then(|| self.sum / self.count as f64);
         self.done.iter().copied().chain(current).reduce(f64::min)
     }
@@ -432,10 +427,6 @@ mod tests {
                 at += dt;
                 b.record(Duration::from_millis(at), x);
                 samples.push((at, x));
-                if samples.len() < MIN_SAMPLES as usize {
-                    prop_assert_eq!(b.value(), None, "no value before MIN_SAMPLES");
-                    continue;
-                }
                 let (got, want) = (b.value().unwrap(), naive_baseline(&samples).unwrap());
                 prop_assert!((got - want).abs() <= 1e-9 * want, "{got} vs {want}");
             }

@@ -136,6 +136,7 @@ async fn runaway(fresh_session_per_call: bool) -> usize {
 async fn a_fresh_session_per_call_is_no_escape_from_the_session_guard() {
     let one = runaway(false).await;
     let fresh = runaway(true).await;
+    eprintln!("fresh session per call: {fresh} admitted; one session: {one}");
     assert!(
         fresh <= 2 * one,
         "fresh session per call: {fresh} admitted; one session: {one}"
@@ -332,6 +333,7 @@ async fn session_less_runaway(fresh_id_per_call: bool) -> usize {
 async fn a_fresh_self_declared_identity_per_call_is_no_escape() {
     let one = session_less_runaway(false).await;
     let fresh = session_less_runaway(true).await;
+    eprintln!("fresh id per call: {fresh} admitted; one id: {one}");
     assert!(
         fresh <= 2 * one,
         "fresh id per call: {fresh} admitted; one id: {one}"

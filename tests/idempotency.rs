@@ -19,6 +19,7 @@ fn config() -> Config {
         identity: IdentityConfig {
             tenant_header: Some("x-tenant".into()),
             session_meta_key: None,
+            ..IdentityConfig::default()
         },
         fixed: FixedLimits {
             session_rate: Some(0.001),

@@ -296,3 +296,78 @@ async fn long_operations_of_varying_length_never_cut_the_budget() {
     }
     assert_eq!(lowest, stable, "the budget was cut");
 }
+
+/// A plain stateless MCP server (2026-07-28: no `Mcp-Session-Id`): every call answered at
+/// once.
+fn stateless_server() -> Router {
+    let server = |body: bytes::Bytes| async move {
+        let message: Value = serde_json::from_slice(&body).unwrap();
+        http::Response::builder()
+            .header("content-type", "application/json")
+            .body(Body::from(
+                json!({"jsonrpc":"2.0","id":message["id"],"result":{
+                    "content":[{"type":"text","text":"ok"}]}})
+                .to_string(),
+            ))
+            .unwrap()
+    };
+    Router::new().route("/mcp", axum::routing::post(server))
+}
+
+/// A session-less call presenting `token`.
+fn stateless_call(token: &str, id: usize, query: &str) -> http::Request<Body> {
+    http::Request::post("/mcp")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("authorization", format!("Bearer {token}"))
+        .body(Body::from(
+            json!({"jsonrpc":"2.0","id":id,"method":"tools/call",
+                "params":{"name":"search","arguments":{"q":query}}})
+            .to_string(),
+        ))
+        .unwrap()
+}
+
+/// Two stateless agents, each with its own bearer token: one storms (and is refused), the
+/// other is never refused for it. Without the credential in the identity ladder both were one
+/// session, and the second was refused 20 times of 20.
+#[tokio::test(start_paused = true)]
+async fn stateless_agents_with_their_own_tokens_are_their_own_sessions() {
+    let mut config = Config::default();
+    config.sessions.base_budget = 10.0;
+    config.sessions.burst = 10.0;
+    let control = Control::new(config).unwrap();
+    let router = control.wrap(stateless_server());
+    let send = |token: &'static str, id: usize| {
+        let router = router.clone();
+        async move {
+            let res = router
+                .oneshot(stateless_call(token, id, &format!("q{id}")))
+                .await
+                .unwrap();
+            refused(&common::message(res).await.0)
+        }
+    };
+    // Each agent's first call is answered: the server accepted its credential.
+    assert_eq!(send("agent-a", 0).await, None);
+    assert_eq!(send("agent-b", 1).await, None);
+    let (mut a_refused, mut b_refused) = (0, Vec::new());
+    for round in 0..20 {
+        // A: 20 calls at once every 100 ms; B: one.
+        let storm = join_all((0..20).map(|k| send("agent-a", 1000 + round * 20 + k))).await;
+        a_refused += storm.iter().flatten().count();
+        b_refused.extend(send("agent-b", 10 + round).await);
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    assert!(a_refused > 0, "the storm is refused");
+    assert_eq!(b_refused, [], "the other agent is never refused for it");
+    // Neither token is kept in clear: sessions are keyed hashes.
+    assert!(
+        control
+            .sessions()
+            .top()
+            .iter()
+            .all(|s| !s.session.contains("agent"))
+    );
+}

@@ -99,14 +99,29 @@ pub(crate) fn read(path: &std::path::Path) -> Result<String, ControlError> {
 }
 
 /// How tenants and sessions are found (see [`DefaultIdentity`](crate::call::DefaultIdentity)).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IdentityConfig {
     /// Read the tenant from this header when no `Tenant` extension is set. Absent: not read
     /// (a client-chosen header is not trusted by default).
     pub tenant_header: Option<String>,
-    /// Read the session from this `params._meta` key when there is no `Mcp-Session-Id`.
+    /// Read the session from this `params._meta` key when there is no `Mcp-Session-Id` nor
+    /// credential.
     pub session_meta_key: Option<String>,
+    /// When there is no `Mcp-Session-Id`, the session is a keyed hash of this header's value
+    /// (each agent's bearer token its own session, never kept in clear). Default
+    /// `authorization`; `""`: credentials are not an identity.
+    pub credential_header: String,
+}
+
+impl Default for IdentityConfig {
+    fn default() -> Self {
+        IdentityConfig {
+            tenant_header: None,
+            session_meta_key: None,
+            credential_header: "authorization".into(),
+        }
+    }
 }
 
 impl IdentityConfig {
@@ -125,7 +140,16 @@ impl IdentityConfig {
         if let Some(k) = &self.session_meta_key {
             id = id.session_meta_key(k.clone());
         }
-        Ok(id)
+        let credential = match self.credential_header.as_str() {
+            "" => None,
+            h => Some(http::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                ConfigError::new(
+                    "identity.credential_header",
+                    format!("{h:?} is not a header name"),
+                )
+            })?),
+        };
+        Ok(id.credential_header(credential))
     }
 }
 

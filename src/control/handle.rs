@@ -60,6 +60,8 @@ struct Inner {
     order: Mutex<()>,
     /// Every stage's settings, as the next request runs under them (see [`Snapshot`]).
     snapshot: Arc<ArcSwap<Snapshot>>,
+    /// The key credentials are hashed under, kept across reloads.
+    credential_key: crate::call::CredentialKey,
 }
 
 impl std::fmt::Debug for Control {
@@ -76,6 +78,7 @@ impl Control {
     /// connecting to Redis in the background at once.
     pub fn new(config: Config) -> Result<Self, ControlError> {
         let Prepared { config, identity } = config.prepare()?;
+        let credential_key = identity.key();
         let switch = Switch::new(config.policy());
         let labels = Arc::new(Labels::with_caps(
             config.metrics.max_tenant_labels,
@@ -132,6 +135,7 @@ impl Control {
                 last_error: Mutex::new(None),
                 order: Mutex::new(()),
                 snapshot,
+                credential_key,
             }),
         };
         control.apply_policy();
@@ -401,7 +405,7 @@ impl Control {
         inner.classify.reconfigure(
             config.body_limit,
             config.rejection.clone(),
-            identity,
+            identity.credential_key(inner.credential_key.clone()),
             config.deadlines.clone(),
             config.classify,
         );

@@ -55,6 +55,7 @@ pub fn config() -> Config {
         identity: IdentityConfig {
             tenant_header: Some("x-tenant".into()),
             session_meta_key: None,
+            ..IdentityConfig::default()
         },
         ..Config::default()
     };
