@@ -36,6 +36,24 @@ async fn call(router: &Router, session: &str, id: usize, tool: &str, args: Value
     common::message(res).await.0
 }
 
+/// `n` calls of `tool` on `session`, one every `every` of the paused clock, with the arguments
+/// `args(i)`: the refusals.
+async fn sequential(
+    router: &Router,
+    session: &str,
+    n: usize,
+    every: Duration,
+    tool: &str,
+    args: impl Fn(usize) -> Value,
+) -> Vec<(String, u64)> {
+    let mut refusals = Vec::new();
+    for i in 0..n {
+        refusals.extend(refused(&call(router, session, i, tool, args(i)).await));
+        tokio::time::advance(every).await;
+    }
+    refusals
+}
+
 fn refused(message: &Value) -> Option<(String, u64)> {
     let data = &message["error"]["data"];
     let reason = data["reason"].as_str()?.to_owned();
@@ -46,19 +64,15 @@ fn refused(message: &Value) -> Option<(String, u64)> {
 async fn a_fast_sequential_client_is_never_refused_with_no_configuration() {
     let (router, _control) = stack(Config::default());
     let session = common::session(&router).await;
-    let mut refusals = Vec::new();
-    for i in 0..100 {
-        let m = call(
-            &router,
-            &session,
-            i,
-            "cache_get",
-            json!({"key": format!("k{i}")}),
-        )
-        .await;
-        refusals.extend(refused(&m));
-        tokio::time::advance(Duration::from_millis(5)).await;
-    }
+    let refusals = sequential(
+        &router,
+        &session,
+        100,
+        Duration::from_millis(5),
+        "cache_get",
+        |i| json!({"key": format!("k{i}")}),
+    )
+    .await;
     assert_eq!(refusals, [], "100 calls, one every 5 ms");
 }
 
@@ -128,40 +142,52 @@ async fn a_fresh_server_admits_a_calm_newcomers_first_call_of_every_tool() {
     assert_eq!(refusals, [], "one call of each tool");
 }
 
-/// A plain MCP server whose `flaky` tool fails (an `isError` result) on the calls listed.
-fn flaky_server(fail: &'static [usize]) -> Router {
-    let n = Arc::new(AtomicUsize::new(0));
+/// A plain MCP server (a handler, no SDK): `initialize` answered with `session` as its
+/// `Mcp-Session-Id` (none: a stateless 2026-07-28 server), every `tools/call` answered with the
+/// result `answer` makes of its message, anything else 202.
+fn plain_server<F, Fut>(session: Option<&'static str>, answer: F) -> Router
+where
+    F: Fn(Value) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Value> + Send,
+{
     let server = move |body: bytes::Bytes| {
-        let n = n.clone();
+        let answer = answer.clone();
         async move {
-            let text = String::from_utf8_lossy(&body).into_owned();
-            let json = |body: Value| {
-                http::Response::builder()
-                    .header("content-type", "application/json")
-                    .header("mcp-session-id", "flaky-1")
-                    .body(Body::from(body.to_string()))
-                    .unwrap()
-            };
-            let message: Value = serde_json::from_str(&text).unwrap();
-            match message["method"].as_str() {
-                Some("initialize") => json(json!({"jsonrpc":"2.0","id":message["id"],"result":{
-                    "protocolVersion":"2025-11-25","capabilities":{"tools":{}},
-                    "serverInfo":{"name":"flaky","version":"1"}}})),
-                Some("tools/call") => {
-                    let i = n.fetch_add(1, Ordering::SeqCst);
-                    let failed = fail.contains(&i);
-                    json(json!({"jsonrpc":"2.0","id":message["id"],"result":{
-                        "content":[{"type":"text","text": if failed {"no such row"} else {"ok"}}],
-                        "isError": failed}}))
+            let message: Value = serde_json::from_slice(&body).unwrap();
+            let id = message["id"].clone();
+            let result = match message["method"].as_str() {
+                Some("initialize") => json!({"protocolVersion":"2025-11-25",
+                    "capabilities":{"tools":{}},"serverInfo":{"name":"plain","version":"1"}}),
+                Some("tools/call") => answer(message).await,
+                _ => {
+                    return http::Response::builder()
+                        .status(202)
+                        .body(Body::empty())
+                        .unwrap();
                 }
-                _ => http::Response::builder()
-                    .status(202)
-                    .body(Body::empty())
-                    .unwrap(),
+            };
+            let mut response = http::Response::builder().header("content-type", "application/json");
+            if let Some(session) = session {
+                response = response.header("mcp-session-id", session);
             }
+            response
+                .body(Body::from(
+                    json!({"jsonrpc":"2.0","id":id,"result":result}).to_string(),
+                ))
+                .unwrap()
         }
     };
     Router::new().route("/mcp", axum::routing::post(server))
+}
+
+/// A plain server whose tool fails (an `isError` result) on the calls listed.
+fn flaky_server(fail: &'static [usize]) -> Router {
+    let n = Arc::new(AtomicUsize::new(0));
+    plain_server(Some("flaky-1"), move |_| {
+        let failed = fail.contains(&n.fetch_add(1, Ordering::SeqCst));
+        let text = if failed { "no such row" } else { "ok" };
+        async move { json!({"content":[{"type":"text","text":text}],"isError":failed}) }
+    })
 }
 
 #[tokio::test(start_paused = true)]
@@ -169,19 +195,15 @@ async fn three_tool_errors_among_twenty_calls_cut_nothing() {
     let control = Control::new(Config::default()).unwrap();
     let router = control.wrap(flaky_server(&[4, 9, 13]));
     let session = common::session(&router).await;
-    let mut refusals = Vec::new();
-    for i in 0..20 {
-        let m = call(
-            &router,
-            &session,
-            i,
-            "flaky",
-            json!({"q": format!("query {i}")}),
-        )
-        .await;
-        refusals.extend(refused(&m));
-        tokio::time::advance(Duration::from_millis(200)).await;
-    }
+    let refusals = sequential(
+        &router,
+        &session,
+        20,
+        Duration::from_millis(200),
+        "flaky",
+        |i| json!({"q": format!("query {i}")}),
+    )
+    .await;
     assert_eq!(refusals, [], "3 ordinary tool errors");
     let summary = control
         .sessions()
@@ -240,35 +262,14 @@ async fn a_burst_that_waits_its_hints_is_admitted_on_its_second_try() {
     assert_eq!(again, [], "every waiter admitted on its second try");
 }
 
-/// A plain MCP server with `long` (sleeps the `ms` its arguments ask, as long operations
-/// reporting progress do) and `fast`.
+/// A plain server whose tools sleep the `ms` their arguments ask (as long operations
+/// reporting progress do).
 fn long_server() -> Router {
-    let server = |body: bytes::Bytes| async move {
-        let message: Value = serde_json::from_slice(&body).unwrap();
-        let json = |body: Value| {
-            http::Response::builder()
-                .header("content-type", "application/json")
-                .header("mcp-session-id", "long-1")
-                .body(Body::from(body.to_string()))
-                .unwrap()
-        };
-        match message["method"].as_str() {
-            Some("initialize") => json(json!({"jsonrpc":"2.0","id":message["id"],"result":{
-                "protocolVersion":"2025-11-25","capabilities":{"tools":{}},
-                "serverInfo":{"name":"long","version":"1"}}})),
-            Some("tools/call") => {
-                let ms = message["params"]["arguments"]["ms"].as_u64().unwrap_or(1);
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                json(json!({"jsonrpc":"2.0","id":message["id"],"result":{
-                    "content":[{"type":"text","text":"done"}]}}))
-            }
-            _ => http::Response::builder()
-                .status(202)
-                .body(Body::empty())
-                .unwrap(),
-        }
-    };
-    Router::new().route("/mcp", axum::routing::post(server))
+    plain_server(Some("long-1"), |message: Value| async move {
+        let ms = message["params"]["arguments"]["ms"].as_u64().unwrap_or(1);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        json!({"content":[{"type":"text","text":"done"}]})
+    })
 }
 
 /// Long operations whose duration their arguments choose (2 to 5 s) beside cheap calls, from
@@ -297,21 +298,11 @@ async fn long_operations_of_varying_length_never_cut_the_budget() {
     assert_eq!(lowest, stable, "the budget was cut");
 }
 
-/// A plain stateless MCP server (2026-07-28: no `Mcp-Session-Id`): every call answered at
-/// once.
+/// A plain stateless server (2026-07-28: no `Mcp-Session-Id`): every call answered at once.
 fn stateless_server() -> Router {
-    let server = |body: bytes::Bytes| async move {
-        let message: Value = serde_json::from_slice(&body).unwrap();
-        http::Response::builder()
-            .header("content-type", "application/json")
-            .body(Body::from(
-                json!({"jsonrpc":"2.0","id":message["id"],"result":{
-                    "content":[{"type":"text","text":"ok"}]}})
-                .to_string(),
-            ))
-            .unwrap()
-    };
-    Router::new().route("/mcp", axum::routing::post(server))
+    plain_server(None, |_| async {
+        json!({"content":[{"type":"text","text":"ok"}]})
+    })
 }
 
 /// A session-less call presenting `token`.
