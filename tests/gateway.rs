@@ -30,7 +30,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use stormgate::control::{Config, Control, Mode};
 use stormgate::gateway::{GatewayConfig, Proxy};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
@@ -949,6 +949,38 @@ async fn the_binary_refuses_a_rebound_host_or_origin_before_the_upstream() {
                 .unwrap()
                 .contains("allowed_hosts"),
             "{body}"
+        );
+    }
+    // Raw requests a client library would not write: two Host headers (400, RFC 9112), two
+    // Origin headers (400), an absolute-form target naming another site (403).
+    let body = list.to_string();
+    for (head, status) in [
+        (
+            format!("POST /mcp HTTP/1.1\r\nHost: {addr}\r\nHost: evil.example\r\n"),
+            "400",
+        ),
+        (
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://localhost\r\nOrigin: http://evil.example\r\n"
+            ),
+            "400",
+        ),
+        (
+            format!("POST http://evil.test/mcp HTTP/1.1\r\nHost: {addr}\r\n"),
+            "403",
+        ),
+    ] {
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let request = format!(
+            "{head}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        socket.read_to_string(&mut answer).await.unwrap();
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{head:?}: {answer}"
         );
     }
     assert_eq!(

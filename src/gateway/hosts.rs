@@ -11,7 +11,9 @@
 //! Listening on a loopback address, the gateway accepts `localhost`, `127.0.0.1` and `[::1]`
 //! (any port) and the names of `allowed_hosts`; listening elsewhere, only the names of
 //! `allowed_hosts`, and anything when it is empty (a gateway on a public address is reached
-//! by names it cannot guess; list them to guard it).
+//! by names it cannot guess; list them to guard it). An absolute-form target
+//! (`POST http://name/mcp`) must name an accepted authority too, and a request with more than
+//! one `Host` or `Origin` is ambiguous, answered 400 whatever is listed (RFC 9112 section 3.2).
 
 use std::fmt;
 use std::future::Future;
@@ -58,6 +60,17 @@ pub(crate) fn validate(allowed: &[String]) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// What the guard says of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostVerdict {
+    /// It may pass.
+    Allowed,
+    /// More than one `Host` or `Origin`: answered 400.
+    Ambiguous,
+    /// Its `Host`, `Origin` or target authority is not accepted: answered 403.
+    NotAccepted,
 }
 
 /// The `Host` and `Origin` values a gateway accepts: the DNS-rebinding guard the upstream
@@ -121,12 +134,38 @@ impl Hosts {
             .any(|n| n.eq_ignore_ascii_case(authority) || n.eq_ignore_ascii_case(host))
     }
 
-    /// Whether a request with `headers` may pass: its `Host` accepted, and its `Origin`, when
-    /// it has one, naming an accepted host. A missing or unreadable `Host` is refused.
+    /// Whether a request with `headers` (and an origin-form target) may pass:
+    /// [`judge`](Self::judge) says [`HostVerdict::Allowed`].
     pub fn allows(&self, headers: &HeaderMap) -> bool {
-        if self.open {
-            return true;
+        self.judge(&http::Uri::from_static("/"), headers) == HostVerdict::Allowed
+    }
+
+    /// What a request for `uri` with `headers` gets: ambiguous with more than one `Host` or
+    /// `Origin`; else allowed when its `Host` is accepted, its target's authority too when it
+    /// has one (absolute form), and its `Origin`, when it has one, names an accepted host. A
+    /// missing or unreadable `Host` is not accepted.
+    pub fn judge(&self, uri: &http::Uri, headers: &HeaderMap) -> HostVerdict {
+        let many = |name| headers.get_all(name).iter().nth(1).is_some();
+        if many(header::HOST) || many(header::ORIGIN) {
+            return HostVerdict::Ambiguous;
         }
+        let verdict = |ok: bool| {
+            if ok {
+                HostVerdict::Allowed
+            } else {
+                HostVerdict::NotAccepted
+            }
+        };
+        if self.open {
+            return HostVerdict::Allowed;
+        }
+        if uri.authority().is_some_and(|a| !self.accepts(a.as_str())) {
+            return HostVerdict::NotAccepted;
+        }
+        verdict(self.headers_accepted(headers))
+    }
+
+    fn headers_accepted(&self, headers: &HeaderMap) -> bool {
         let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
         if !host.is_some_and(|h| self.accepts(h)) {
             return false;
@@ -198,20 +237,27 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        if self.hosts.allows(req.headers()) {
-            return HostCheckFuture {
-                state: State::Inner {
-                    future: self.inner.call(req),
-                },
-            };
-        }
-        tracing::debug!("a request's Host or Origin is not accepted: 403");
+        let (status, message) = match self.hosts.judge(req.uri(), req.headers()) {
+            HostVerdict::Allowed => {
+                return HostCheckFuture {
+                    state: State::Inner {
+                        future: self.inner.call(req),
+                    },
+                };
+            }
+            HostVerdict::Ambiguous => (
+                StatusCode::BAD_REQUEST,
+                "more than one Host or Origin header",
+            ),
+            HostVerdict::NotAccepted => (
+                StatusCode::FORBIDDEN,
+                "Host, Origin or target not accepted by this gateway (see gateway.allowed_hosts)",
+            ),
+        };
+        tracing::debug!(%status, "a request's Host, Origin or target is refused");
         HostCheckFuture {
             state: State::Refused {
-                answer: Some(crate::mcp::reply::invalid_request(
-                    StatusCode::FORBIDDEN,
-                    "Host or Origin not accepted by this gateway (see gateway.allowed_hosts)",
-                )),
+                answer: Some(crate::mcp::reply::invalid_request(status, message)),
             },
         }
     }
@@ -318,6 +364,30 @@ mod tests {
         );
         // Not on loopback and nothing listed: nothing to check against.
         assert!(Hosts::new(&[], false).allows(&headers(Some("anything:1"), None)));
+    }
+
+    #[test]
+    fn two_hosts_or_origins_are_ambiguous_and_an_absolute_target_must_be_accepted() {
+        let origin = http::Uri::from_static("/mcp");
+        for hosts in [Hosts::new(&[], true), Hosts::new(&[], false)] {
+            let mut h = headers(Some("127.0.0.1:4000"), Some("http://localhost:3000"));
+            assert_eq!(hosts.judge(&origin, &h), HostVerdict::Allowed);
+            h.append(header::HOST, "evil.example".parse().unwrap());
+            assert_eq!(hosts.judge(&origin, &h), HostVerdict::Ambiguous, "two Host");
+            let mut h = headers(Some("127.0.0.1:4000"), Some("http://localhost:3000"));
+            h.append(header::ORIGIN, "http://evil.example".parse().unwrap());
+            assert_eq!(
+                hosts.judge(&origin, &h),
+                HostVerdict::Ambiguous,
+                "two Origin"
+            );
+        }
+        let hosts = Hosts::new(&[], true);
+        let h = headers(Some("127.0.0.1:4000"), None);
+        let evil = http::Uri::from_static("http://evil.test/mcp");
+        assert_eq!(hosts.judge(&evil, &h), HostVerdict::NotAccepted);
+        let local = http::Uri::from_static("http://127.0.0.1:4000/mcp");
+        assert_eq!(hosts.judge(&local, &h), HostVerdict::Allowed);
     }
 
     #[test]

@@ -31,5 +31,7 @@ mod hosts;
 mod proxy;
 
 pub use config::{GatewayConfig, MAX_FORWARD_HEADERS, MAX_UPSTREAM_LEN};
-pub use hosts::{HostCheck, HostCheckFuture, Hosts, HostsLayer, MAX_ALLOWED_HOSTS, MAX_HOST_LEN};
+pub use hosts::{
+    HostCheck, HostCheckFuture, HostVerdict, Hosts, HostsLayer, MAX_ALLOWED_HOSTS, MAX_HOST_LEN,
+};
 pub use proxy::{FORWARDED, Proxy, ProxyFuture, UPSTREAM_ERROR_CODE, UpstreamFailure};
