@@ -1,6 +1,9 @@
 //! Serving a protected router with graceful shutdown: on SIGTERM (what orchestrators send) or
 //! SIGINT (ctrl-c), stop accepting connections, let the calls in flight finish for up to a
-//! grace period, then return so the process can exit 0.
+//! grace period, then return so the process can exit 0. Event streams opened with `GET` (an
+//! MCP session's stream of server messages, which never ends by itself) are ended at the start
+//! of the grace: their clients reconnect elsewhere with `Last-Event-ID`, and a drain takes as
+//! long as its calls in flight, not the whole grace.
 //!
 //! ```no_run
 //! # async fn run(app: axum::Router) -> Result<(), stormgate::serve::ServeError> {
@@ -11,13 +14,23 @@
 //! ```
 
 use std::fmt;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::Response;
 use axum::serve::ListenerExt;
+use bytes::Bytes;
+use http_body::Frame;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
 
 /// How long calls in flight may take to finish after the signal, by default (30 s).
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
@@ -83,6 +96,14 @@ pub async fn serve(
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Io)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Io)?;
     let (signalled, drained) = tokio::sync::oneshot::channel::<&'static str>();
+    // Flips when the drain starts: the GET event streams end then.
+    let (draining, drain) = watch::channel(false);
+    let app = app.layer(axum::middleware::from_fn(
+        move |req: Request, next: Next| {
+            let drain = drain.clone();
+            end_streams_on_drain(req, next, drain)
+        },
+    ));
     // Servers such as rmcp write an SSE answer in several small writes: without TCP_NODELAY
     // each call waits on Nagle's algorithm and the client's delayed ACK (about 40 ms on Linux).
     let listener = listener.tap_io(|tcp| {
@@ -97,6 +118,7 @@ pub async fn serve(
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
         };
+        let _ = draining.send(true);
         let _ = signalled.send(name);
     })
     .into_future();
@@ -131,5 +153,54 @@ pub async fn serve(
             );
             Ok(Stopped::GraceExpired { signal: name })
         }
+    }
+}
+
+/// Runs `req`; a `GET` answered with an event stream gets a body that ends when `drain` flips.
+async fn end_streams_on_drain(req: Request, next: Next, drain: watch::Receiver<bool>) -> Response {
+    let get = req.method() == http::Method::GET;
+    let response = next.run(req).await;
+    let stream = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !(get && stream) {
+        return response;
+    }
+    response.map(|inner| {
+        let mut drain = drain;
+        Body::new(UntilDrain {
+            inner,
+            drained: Some(Box::pin(async move {
+                let _ = drain.wait_for(|d| *d).await;
+            })),
+        })
+    })
+}
+
+/// A stream's body that ends (cleanly, after its last whole frame) when the drain starts.
+struct UntilDrain {
+    inner: Body,
+    /// Done when the drain starts; `None` once it has.
+    drained: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl http_body::Body for UntilDrain {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let Some(drained) = self.drained.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if drained.as_mut().poll(cx).is_ready() {
+            self.drained = None;
+            return Poll::Ready(None);
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
     }
 }

@@ -137,4 +137,65 @@ async fn sigterm_drains_calls_in_flight_within_the_grace_period() {
     assert!(took >= grace && took < Duration::from_secs(10), "{took:?}");
     assert!(logs.text().contains("grace period over"), "{}", logs.text());
     drop(request);
+
+    // 3. An event stream opened with GET (an MCP session's server messages) never ends by
+    // itself: the drain ends it at once, so the server returns well before a long grace.
+    let events = Router::new().route(
+        "/mcp",
+        get(|| async {
+            let ticks = futures::stream::unfold((), |()| async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Some((Ok::<_, std::convert::Infallible>(": ping\n\n"), ()))
+            });
+            (
+                [("content-type", "text/event-stream")],
+                axum::body::Body::from_stream(ticks),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let grace = Duration::from_secs(8);
+    let server = tokio::spawn(shutdown::serve(listener, events, grace));
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut tcp,
+        b"GET /mcp HTTP/1.1\r\nhost: localhost\r\naccept: text/event-stream\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut first = [0u8; 64];
+    let n = tokio::io::AsyncReadExt::read(&mut tcp, &mut first)
+        .await
+        .unwrap();
+    assert!(
+        first[..n].starts_with(b"HTTP/1.1 200"),
+        "the stream is open"
+    );
+    let reader = tokio::spawn(async move {
+        let mut rest = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut tcp, &mut rest).await;
+        rest
+    });
+    let signalled = Instant::now();
+    terminate_self();
+    let stopped = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("returned")
+        .unwrap()
+        .unwrap();
+    assert_eq!(stopped, shutdown::Stopped::Drained { signal: "SIGTERM" });
+    let took = signalled.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "the stream held the drain {took:?}"
+    );
+    let rest = tokio::time::timeout(Duration::from_secs(5), reader)
+        .await
+        .expect("the client sees its stream end")
+        .unwrap();
+    assert!(
+        rest.ends_with(b"0\r\n\r\n"),
+        "a clean end of the chunked body"
+    );
 }
