@@ -1,4 +1,4 @@
-//! The storm demo (seed 003 section 1, and four more scenarios): steady agents, a complex but
+//! The storm demo (seed 003 section 1, and five more scenarios): steady agents, a complex but
 //! healthy agent, a runaway, a clumsy client or a novel worker share the example server's
 //! database pool, first with no protection, then behind a fixed per-session rate limit, then
 //! behind stormgate, then behind the peers (governor keyed by session, tower-resilience's

@@ -54,16 +54,21 @@ pub(crate) enum Scenario {
     /// No runaway: beside the steady agents, one agent doing legitimately novel expensive
     /// work: a new (cold) query every call, one at a time, a pause of 1-2 s between calls.
     Novel,
+    /// The storm's runaway spread over 8 sessions, as an orchestrator's sub-agents are, every
+    /// agent of one tenant, and each search retrying its refusals at once (every 20 ms),
+    /// ignoring `retry_after_ms`, as the runaway of issue #30's Python run did.
+    Swarm,
 }
 
 impl Scenario {
     /// Every scenario, in the order the demo runs them.
-    pub(crate) const ALL: [Scenario; 5] = [
+    pub(crate) const ALL: [Scenario; 6] = [
         Scenario::Storm,
         Scenario::SlowDrift,
         Scenario::OneTenant,
         Scenario::Clumsy,
         Scenario::Novel,
+        Scenario::Swarm,
     ];
 
     /// Its name (`--scenario NAME`).
@@ -74,6 +79,7 @@ impl Scenario {
             Scenario::OneTenant => "one-tenant",
             Scenario::Clumsy => "clumsy",
             Scenario::Novel => "novel",
+            Scenario::Swarm => "swarm",
         }
     }
 
@@ -95,6 +101,9 @@ impl Scenario {
             Scenario::Novel => {
                 "no runaway: 4 steady agents and one agent doing novel expensive work: a new cold scan (600 ms) every call, one at a time, 1-2 s between calls"
             }
+            Scenario::Swarm => {
+                "the storm's runaway spread over 8 sessions (an orchestrator's sub-agents), every agent of one tenant, each search retrying its refusals at once (every 20 ms), ignoring retry_after_ms"
+            }
         }
     }
 
@@ -106,7 +115,7 @@ impl Scenario {
     /// How the runaway ramps up, if there is one.
     pub(crate) fn runaway(self) -> Option<Ramp> {
         match self {
-            Scenario::Storm | Scenario::OneTenant => Some(Ramp {
+            Scenario::Storm | Scenario::OneTenant | Scenario::Swarm => Some(Ramp {
                 first: 2,
                 max: 10,
                 every: Duration::from_secs(10),
@@ -118,6 +127,16 @@ impl Scenario {
             }),
             Scenario::Clumsy | Scenario::Novel => None,
         }
+    }
+
+    /// The sessions the runaway's searches are spread over.
+    fn runaway_sessions(self) -> usize {
+        if self == Scenario::Swarm { 8 } else { 1 }
+    }
+
+    /// Whether the runaway retries its refusals at once instead of after `retry_after_ms`.
+    fn ignores_hints(self) -> bool {
+        self == Scenario::Swarm
     }
 
     /// Whether the complex agent takes part.
@@ -138,7 +157,7 @@ impl Scenario {
     /// The tenant `agent`'s client sends.
     fn tenant(self, agent: &str) -> String {
         match self {
-            Scenario::OneTenant => "acme".into(),
+            Scenario::OneTenant | Scenario::Swarm => "acme".into(),
             _ => agent.into(),
         }
     }
@@ -154,7 +173,7 @@ impl Scenario {
     /// The default length of a run.
     fn duration(self) -> Duration {
         match self {
-            Scenario::Storm | Scenario::OneTenant => Duration::from_secs(180),
+            Scenario::Storm | Scenario::OneTenant | Scenario::Swarm => Duration::from_secs(180),
             Scenario::SlowDrift => Duration::from_secs(270),
             Scenario::Clumsy | Scenario::Novel => Duration::from_secs(120),
         }
@@ -984,7 +1003,8 @@ async fn complex(
 }
 
 /// One of the runaway's parallel searches: a new query every time; an error or a timeout is
-/// retried at once with yet another query; a refusal is retried after its `retry_after_ms`.
+/// retried at once with yet another query; a refusal is retried after its `retry_after_ms`
+/// (or, in a scenario whose runaway ignores hints, 20 ms later).
 async fn runaway_worker(
     client: Arc<Client>,
     worker: u64,
@@ -1016,21 +1036,24 @@ async fn runaway_worker(
                 .await
             }
             Outcome::Error | Outcome::Timeout => {} // "not enough context yet": again, now
+            Outcome::Throttled { .. } if s.scenario.ignores_hints() => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
             Outcome::Throttled { retry_after, .. } => tokio::time::sleep(retry_after).await,
         }
     }
 }
 
 /// The runaway: `ramp.first` parallel searches, one more every `ramp.every` up to
-/// `ramp.max`.
+/// `ramp.max`, search `i` on session `i % clients.len()`.
 async fn runaway(
-    client: Client,
+    clients: Vec<Client>,
     ramp: Ramp,
     s: Settings,
     start: Instant,
     log: Arc<Mutex<Vec<CallRecord>>>,
 ) {
-    let client = Arc::new(client);
+    let clients: Vec<Arc<Client>> = clients.into_iter().map(Arc::new).collect();
     let end = start + s.duration;
     let mut workers = Vec::new();
     let mut next = 0;
@@ -1038,7 +1061,7 @@ async fn runaway(
         let n = if next == 0 { ramp.first } else { 1 };
         for _ in 0..n {
             workers.push(tokio::spawn(runaway_worker(
-                client.clone(),
+                clients[next as usize % clients.len()].clone(),
                 next,
                 s,
                 start,
@@ -1147,9 +1170,16 @@ pub(crate) async fn run(policy: Policy, settings: Settings) -> Report {
         let tenant = scenario.tenant("runaway");
         agents.push(tokio::spawn(async move {
             tokio::time::sleep_until(start + settings.runaway_start).await;
-            let (client, id) = connect(&router, &tenant).await;
-            *session.lock().unwrap() = id;
-            runaway(client, ramp, settings, start, log).await;
+            let mut clients = Vec::new();
+            for i in 0..scenario.runaway_sessions() {
+                let (client, id) = connect(&router, &tenant).await;
+                if i == 0 {
+                    // The score sampled is its first session's.
+                    *session.lock().unwrap() = id;
+                }
+                clients.push(client);
+            }
+            runaway(clients, ramp, settings, start, log).await;
         }));
     }
 
