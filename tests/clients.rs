@@ -3,7 +3,8 @@
 //! tests/clients/python_client.py in each protocol mode it speaks (the legacy handshake and
 //! 2026-07-28), and the official TypeScript SDK (on Node 22 from the `node@22` package, both
 //! pinned and installed by .ci/run in target/ci-node) runs tests/clients/ts_client.mjs
-//! (2025-11-25), each with both rejection forms.
+//! (2025-11-25), each with both rejection forms; tests/clients/python_tokens.py runs two
+//! session-less agents that differ only by their bearer tokens.
 
 mod common;
 
@@ -158,6 +159,33 @@ async fn python_sdk_2026_07_28_reads_the_error_form() {
     // requests): B is not refused for A's storm. Two instances declaring the same name from one
     // host would be one session unless they send a `session_meta_key`.
     assert_eq!(report["other_client"]["ok"], true, "{report}");
+}
+
+/// Two agents of the same SDK on one host, declaring the same name, each with its own bearer
+/// token, on the session-less protocol: the credential tells them apart, so B is never refused
+/// for A's storm (both were one session before the credential rung of the identity ladder).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_2026_07_28_agents_with_their_own_tokens_are_apart() {
+    let (url, _control) = serve(config(false)).await;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/python_tokens.py"
+    );
+    let python = std::env::var("STORMGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut command = tokio::process::Command::new(&python);
+    command.args([script, &url, "2026-07-28"]);
+    let report = common::report(command, &format!("the Python client ({python} with mcp)")).await;
+    assert_eq!(report["first_b"]["ok"], true, "{report}");
+    assert!(
+        report["refusal"].is_object(),
+        "A's storm is refused: {report}"
+    );
+    for answer in report["other_client"].as_array().unwrap() {
+        assert_eq!(
+            answer["ok"], true,
+            "B is not refused for A's storm: {report}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
