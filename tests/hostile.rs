@@ -280,9 +280,10 @@ async fn long_tool_names_are_not_stored() {
     );
 }
 
-/// The same runaway on the session-less protocol, identified by a `_meta` key it chooses:
-/// one run id for all its calls, or a fresh one per call. Returns the calls admitted.
-async fn session_less_runaway(fresh_id_per_call: bool) -> usize {
+/// The same runaway on the session-less protocol, identified by a `_meta` key it chooses (or,
+/// `by_token`, by the bearer token it presents): one run id for all its calls, or a fresh one
+/// per call. Returns the calls admitted.
+async fn session_less_runaway(fresh_id_per_call: bool, by_token: bool) -> usize {
     let mut config = Config::from_toml(include_str!("../examples/stormgate.toml")).unwrap();
     config.identity.session_meta_key = Some("agent_run".into());
     let backend = app::Backend::with_cache(
@@ -291,13 +292,24 @@ async fn session_less_runaway(fresh_id_per_call: bool) -> usize {
     );
     let (router, _control) = app::protected(backend, config).unwrap();
     let post = |run: String, id: usize, table: String, filter: String| {
+        let mut meta = json!({
+            "io.modelcontextprotocol/protocolVersion":"2026-07-28",
+            "io.modelcontextprotocol/clientInfo":{"name":"runaway","version":"1"},
+            "io.modelcontextprotocol/clientCapabilities":{}});
+        if !by_token {
+            meta["agent_run"] = json!(run);
+        }
         let body = json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
             "name":"sql_scan","arguments":{"table": table, "filter": filter},
-            "_meta":{"agent_run": run,
-                "io.modelcontextprotocol/protocolVersion":"2026-07-28",
-                "io.modelcontextprotocol/clientInfo":{"name":"runaway","version":"1"},
-                "io.modelcontextprotocol/clientCapabilities":{}}}});
-        Request::post("/mcp")
+            "_meta": meta}});
+        let token = format!("Bearer {run}");
+        let request = Request::post("/mcp");
+        let request = if by_token {
+            request.header("authorization", token)
+        } else {
+            request
+        };
+        request
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream")
             .header("host", "localhost")
@@ -328,11 +340,25 @@ async fn session_less_runaway(fresh_id_per_call: bool) -> usize {
     admitted(calls).await
 }
 
+/// A bearer token varied per call (minted tokens) is no better off than one kept: an unknown
+/// token earns its own budget only once the server answered it, as a session id does.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_token_per_call_is_no_escape() {
+    let one = session_less_runaway(false, true).await;
+    let fresh = session_less_runaway(true, true).await;
+    eprintln!("fresh token per call: {fresh} admitted; one token: {one}");
+    assert!(
+        fresh <= 2 * one,
+        "fresh token per call: {fresh} admitted; one token: {one}"
+    );
+    assert!(one < 600, "the runaway is cut: {one}");
+}
+
 /// A self-declared identity varied per call is no better off than one kept.
 #[tokio::test(start_paused = true)]
 async fn a_fresh_self_declared_identity_per_call_is_no_escape() {
-    let one = session_less_runaway(false).await;
-    let fresh = session_less_runaway(true).await;
+    let one = session_less_runaway(false, false).await;
+    let fresh = session_less_runaway(true, false).await;
     eprintln!("fresh id per call: {fresh} admitted; one id: {one}");
     assert!(
         fresh <= 2 * one,
