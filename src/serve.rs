@@ -23,7 +23,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::Request;
-use axum::middleware::Next;
 use axum::response::Response;
 use axum::serve::ListenerExt;
 use bytes::Bytes;
@@ -98,12 +97,7 @@ pub async fn serve(
     let (signalled, drained) = tokio::sync::oneshot::channel::<&'static str>();
     // Flips when the drain starts: the GET event streams end then.
     let (draining, drain) = watch::channel(false);
-    let app = app.layer(axum::middleware::from_fn(
-        move |req: Request, next: Next| {
-            let drain = drain.clone();
-            end_streams_on_drain(req, next, drain)
-        },
-    ));
+    let app = app.layer(DrainLayer(drain));
     // Servers such as rmcp write an SSE answer in several small writes: without TCP_NODELAY
     // each call waits on Nagle's algorithm and the client's delayed ACK (about 40 ms on Linux).
     let listener = listener.tap_io(|tcp| {
@@ -156,27 +150,85 @@ pub async fn serve(
     }
 }
 
-/// Runs `req`; a `GET` answered with an event stream gets a body that ends when `drain` flips.
-async fn end_streams_on_drain(req: Request, next: Next, drain: watch::Receiver<bool>) -> Response {
-    let get = req.method() == http::Method::GET;
-    let response = next.run(req).await;
-    let stream = response
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    if !(get && stream) {
-        return response;
-    }
-    response.map(|inner| {
-        let mut drain = drain;
-        Body::new(UntilDrain {
+/// Ends the event streams answered to `GET` requests when the drain starts (the receiver
+/// flips to `true`). Nothing is boxed per request; a `GET` clones the receiver.
+#[derive(Clone)]
+struct DrainLayer(watch::Receiver<bool>);
+
+impl<S> tower::Layer<S> for DrainLayer {
+    type Service = Drain<S>;
+
+    fn layer(&self, inner: S) -> Drain<S> {
+        Drain {
             inner,
-            drained: Some(Box::pin(async move {
-                let _ = drain.wait_for(|d| *d).await;
-            })),
-        })
-    })
+            drain: self.0.clone(),
+        }
+    }
+}
+
+/// Built by [`DrainLayer`].
+#[derive(Clone)]
+struct Drain<S> {
+    inner: S,
+    drain: watch::Receiver<bool>,
+}
+
+impl<S> tower::Service<Request> for Drain<S>
+where
+    S: tower::Service<Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = DrainFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let drain = (req.method() == http::Method::GET).then(|| self.drain.clone());
+        DrainFuture {
+            inner: self.inner.call(req),
+            drain,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`Drain`]'s future: the inner service's, its event stream wrapped for a `GET`.
+    struct DrainFuture<F> {
+        #[pin]
+        inner: F,
+        drain: Option<watch::Receiver<bool>>,
+    }
+}
+
+impl<F, E> Future for DrainFuture<F>
+where
+    F: Future<Output = Result<Response, E>>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = std::task::ready!(this.inner.poll(cx))?;
+        let stream = response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let Some(mut drain) = this.drain.take().filter(|_| stream) else {
+            return Poll::Ready(Ok(response));
+        };
+        Poll::Ready(Ok(response.map(|inner| {
+            Body::new(UntilDrain {
+                inner,
+                drained: Some(Box::pin(async move {
+                    let _ = drain.wait_for(|d| *d).await;
+                })),
+            })
+        })))
+    }
 }
 
 /// A stream's body that ends (cleanly, after its last whole frame) when the drain starts.
