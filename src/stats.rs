@@ -60,6 +60,40 @@ impl Ewma {
     }
 }
 
+/// A count of recent events: each adds to it, and it decays exponentially with a time
+/// constant, so it reads "about how many within the last time constant". Times are ns from
+/// any fixed epoch; a time before the last one counts as the last.
+///
+/// ```
+/// use stormgate::stats::Recent;
+///
+/// let mut r = Recent::default();
+/// r.add(0, 10.0, 1.0);
+/// r.add(0, 10.0, 1.0);
+/// assert_eq!(r.at(0, 10.0), 2.0);
+/// // One time constant later: 2 / e.
+/// assert!((r.at(10_000_000_000, 10.0) - 2.0 / std::f64::consts::E).abs() < 1e-12);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Recent {
+    count: f64,
+    at: u64,
+}
+
+impl Recent {
+    /// The count decayed to `now`, time constant `tau` seconds.
+    pub fn at(&self, now: u64, tau: f64) -> f64 {
+        let dt = now.saturating_sub(self.at) as f64 / 1e9;
+        self.count * (-dt / tau.max(1e-9)).exp()
+    }
+
+    /// Adds `x` at `now`.
+    pub fn add(&mut self, now: u64, tau: f64, x: f64) {
+        self.count = self.at(now, tau) + x;
+        self.at = self.at.max(now);
+    }
+}
+
 /// Periods of a [`Baseline`].
 pub const BASELINE_PERIOD: Duration = Duration::from_secs(30);
 /// Samples a [`CommonBaseline`] needs before it has a value: a tool's latency is judged against
@@ -416,6 +450,30 @@ mod tests {
     }
 
     proptest! {
+        /// A [`Recent`] reads the sum of its events, each decayed by the time since it was
+        /// added (events in time order).
+        #[test]
+        fn recent_is_the_sum_of_decayed_events(
+            events in proptest::collection::vec((0u64..5_000_000_000, 0.0f64..10.0), 1..40),
+            later in 0u64..20_000_000_000,
+            tau in 0.1f64..30.0,
+        ) {
+            let mut t = 0;
+            let mut r = Recent::default();
+            let mut at = Vec::new();
+            for (dt, x) in events {
+                t += dt;
+                r.add(t, tau, x);
+                at.push((t, x));
+            }
+            let now = t + later;
+            let naive: f64 = at
+                .iter()
+                .map(|&(t, x)| x * (-((now - t) as f64 / 1e9) / tau).exp())
+                .sum();
+            prop_assert!((r.at(now, tau) - naive).abs() <= 1e-9 * naive.max(1.0));
+        }
+
         #[test]
         fn the_baseline_is_the_minimum_of_recent_period_means(
             steps in proptest::collection::vec((0u64..15_000, 0.001f64..10.0), 1..200),

@@ -569,3 +569,47 @@ async fn a_slowdown_everyone_sees_penalises_no_session() {
     assert!(alone[0].1 < 0.5, "the slow session alone is cut: {alone:?}");
     assert!(alone[1..].iter().all(|(_, f)| *f >= 0.9), "{alone:?}");
 }
+
+/// A client whose calls the budget refuses before they reach the guard is judged by how it
+/// treats those refusals (the classifier tells the guard of them): calling every 20 ms through
+/// 1 s waits, each call from its 17th on arrives while its last 16 waits are all ahead and
+/// is counted as ignoring them; past the allowance of 32 such calls (decaying over the 10 s
+/// window: at its 50th call) it scores, and once it reaches the guard its budget is cut to a
+/// storm's and it is refused `session_storm`. The same calls spaced by their waits score 0.
+#[tokio::test(start_paused = true)]
+async fn a_client_calling_through_the_budgets_refusals_is_scored() {
+    use stormgate::{Reason, Rejection, Scope};
+    let g = guard();
+    let refusal = Rejection::new(Reason::GlobalBudgetExceeded, Scope::Global, ms(1000));
+    let through = call("through", "search", json!({"q": "x"}));
+    let waiting = call("waiting", "search", json!({"q": "x"}));
+    g.accept(&through.session, &through.tenant);
+    g.accept(&waiting.session, &waiting.tenant);
+    let score = |c: &Call| g.summary(&c.session).unwrap().score;
+    for i in 1..=200 {
+        g.refused(&through, &refusal);
+        if i < 50 {
+            assert_eq!(score(&through), 0.0, "call {i}: within the allowance");
+        } else {
+            assert!(score(&through) > 0.0, "call {i}: past it");
+        }
+        tokio::time::advance(ms(20)).await;
+    }
+    assert!(
+        g.admit(&through).is_ok(),
+        "one call's tokens are always there"
+    );
+    assert!(g.summary(&through.session).unwrap().factor < 0.5);
+    let err = g.admit(&through).unwrap_err();
+    assert_eq!(
+        (err.reason(), err.scope()),
+        (Reason::SessionStorm, Scope::AgentSession)
+    );
+    for _ in 0..60 {
+        g.refused(&waiting, &refusal);
+        tokio::time::advance(ms(1000)).await;
+    }
+    assert_eq!(score(&waiting), 0.0);
+    assert!(g.admit(&waiting).is_ok());
+    assert_eq!(g.summary(&waiting.session).unwrap().factor, 1.0);
+}

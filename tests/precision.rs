@@ -362,3 +362,82 @@ async fn stateless_agents_with_their_own_tokens_are_their_own_sessions() {
             .all(|s| !s.session.contains("agent"))
     );
 }
+
+/// One client on `session` for `secs` of the paused clock: a call of a fresh `cache_get` key
+/// every 20 ms; after a refusal it waits the refusal's `retry_after_ms` if it `honours` it,
+/// else calls again 20 ms later all the same. Its refusals' reasons.
+async fn client_for(
+    router: &Router,
+    session: &str,
+    worker: usize,
+    secs: u64,
+    honours: bool,
+) -> Vec<String> {
+    let end = tokio::time::Instant::now() + Duration::from_secs(secs);
+    let mut reasons = Vec::new();
+    let mut i = worker * 100_000;
+    while tokio::time::Instant::now() < end {
+        i += 1;
+        let m = call(
+            router,
+            session,
+            i,
+            "cache_get",
+            json!({"key": i.to_string()}),
+        )
+        .await;
+        let pause = match refused(&m) {
+            Some((reason, wait)) if honours => {
+                reasons.push(reason);
+                Duration::from_millis(wait)
+            }
+            Some((reason, _)) => {
+                reasons.push(reason);
+                Duration::from_millis(20)
+            }
+            None => Duration::from_millis(20),
+        };
+        tokio::time::sleep(pause).await;
+    }
+    reasons
+}
+
+/// Three clients asking five times their session budget: one calls straight through its
+/// refusals (every 20 ms, whatever `retry_after_ms` says), one waits each hint, and one runs
+/// four workers that each wait their own. Only the first is scored: its budget is cut to a
+/// storm's and its refusals say `session_storm`; the others keep their whole budget.
+#[tokio::test(start_paused = true)]
+async fn a_client_ignoring_its_hints_is_scored_and_clients_honouring_them_are_not() {
+    let mut config = Config::default();
+    config.sessions.base_budget = 10.0;
+    config.sessions.burst = 10.0;
+    config.sessions.probation = 1.0;
+    let (router, control) = stack(config);
+    let ignoring = common::session(&router).await;
+    let honouring = common::session(&router).await;
+    let workers = common::session(&router).await;
+    let (ignored, honoured, four) = tokio::join!(
+        client_for(&router, &ignoring, 0, 10, false),
+        client_for(&router, &honouring, 1, 10, true),
+        join_all((0..4).map(|w| client_for(&router, &workers, 2 + w, 10, true))),
+    );
+    let factor = |id: &str| {
+        control
+            .sessions()
+            .summary(&SessionId::new(id))
+            .unwrap()
+            .factor
+    };
+    assert!(factor(&ignoring) < 0.5, "scored: {}", factor(&ignoring));
+    assert_eq!(ignored.last().map(String::as_str), Some("session_storm"));
+    assert!(!honoured.is_empty(), "the honouring client was refused too");
+    assert!(four.iter().any(|r| !r.is_empty()), "so were the workers");
+    assert!(factor(&honouring) >= 0.9, "{}", factor(&honouring));
+    assert!(factor(&workers) >= 0.9, "{}", factor(&workers));
+    assert!(
+        !honoured
+            .iter()
+            .chain(four.iter().flatten())
+            .any(|r| r == "session_storm")
+    );
+}

@@ -118,6 +118,8 @@ impl Control {
             .observers([
                 audit.clone() as Arc<dyn Observer>,
                 Arc::new(calls.clone()) as Arc<dyn Observer>,
+                // The guard reads how a client treats its refusals' waits.
+                sessions.observer(),
             ]);
         let control = Control {
             inner: Arc::new(Inner {

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::key::hash_arguments;
-use super::score::{Signals, Tolerances, budget_factor, distress, storm_score};
+use super::score::{
+    HINTS_IGNORED_ALLOWED, Signals, Tolerances, budget_factor, distress, storm_score,
+};
 use super::window::SessionWindow;
 use crate::admit::{Admission, AdmitLayer};
 use crate::bounded::{Bounded, OVERFLOW};
@@ -20,7 +22,7 @@ use crate::metrics;
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
-use crate::stats::{Ewma, OwnBaselines, ToolBaselines};
+use crate::stats::{Ewma, OwnBaselines, Recent, ToolBaselines};
 
 /// How a tenant's unverified pool is named in the top-N view: this, then the tenant.
 pub const UNVERIFIED_PREFIX: &str = "~unverified:";
@@ -243,13 +245,26 @@ struct Session {
     calls: u64,
     /// Calls that finished (their outcome observed).
     finished: u64,
-    /// Failures within about one window: incremented per failure, decaying with the window
-    /// as time constant (at `failed_at`).
-    failures: f64,
-    failed_at: u64,
+    /// Failures within about one window (decaying with the window as time constant).
+    failures: Recent,
     /// When the last refusal told a client to come back, ns: the next refusal's wait starts
     /// after it, so the hints of a burst are spread over the refill instead of colliding.
     hinted: u64,
+    /// When its last [`HINTS_KEPT`] refusals told it to come back, ns (a ring, `next` the
+    /// oldest). A call arriving while every one of them is still ahead comes from a client
+    /// that is not waiting for them.
+    waits: [u64; HINTS_KEPT],
+    next: usize,
+    /// When its last refusal was given, ns, and how many refusals in a row came within
+    /// [`HINTS_REACTION`] of the one before (one burst or batch, refused at once).
+    refused_at: u64,
+    quick: usize,
+    /// Its calls that arrived so, within about a window.
+    ignored: Recent,
+    /// Its calls (refused before the guard or not), and those refused by any stage, within
+    /// about a window.
+    asked: Recent,
+    refusals: Recent,
     rejected: u64,
     /// In the storm state (logged on entry and exit): entered when the factor falls below
     /// [`STORM_ENTER`], left when it is back at [`STORM_LEAVE`] or above.
@@ -315,6 +330,17 @@ impl Pool {
 /// The one vote on a tool's healthy latency of all calls on ids the server has not accepted.
 const UNVERIFIED_VOTER: u64 = u64::MAX;
 
+/// The refusals' waits a session's state keeps: a client whose callers each wait their own
+/// refusal's hint has at most one wait ahead per caller, so a call arriving while this many
+/// are all ahead ignored at least one (an MCP host runs fewer tool calls at once).
+pub const HINTS_KEPT: usize = 16;
+
+/// Refusals given within this of each other went to one burst or one batch, sent at once
+/// before the client could read any of them (a client takes longer to read a refusal and call
+/// again): while the last [`HINTS_KEPT`] all came so, a call arriving before their waits does
+/// not count as ignoring them.
+pub const HINTS_REACTION: Duration = Duration::from_millis(1);
+
 /// A session whose budget factor falls below this is logged as entering a storm.
 const STORM_ENTER: f64 = 0.5;
 /// A session in a storm whose factor is back at this or above is logged as leaving it.
@@ -329,14 +355,57 @@ impl Session {
     /// How much its error rate counts, in [0, 1]: nothing while it has failed at most
     /// [`ERRORS_ALLOWED`] times within about a window, in full from twice that.
     fn error_volume(&self, now: u64, window: f64) -> f64 {
-        let failures = self.failures_at(now, window);
+        let failures = self.failures.at(now, window);
         ((failures - ERRORS_ALLOWED) / ERRORS_ALLOWED).clamp(0.0, 1.0)
     }
 
-    /// Its failures within about a window, decayed to `now`.
-    fn failures_at(&self, now: u64, window: f64) -> f64 {
-        let dt = now.saturating_sub(self.failed_at) as f64 / 1e9;
-        self.failures * (-dt / window).exp()
+    /// A call of this client arrives now, with resource key `key` of `weight`: in its window,
+    /// and counted as ignoring a wait when its last [`HINTS_KEPT`] refusals all told it to come
+    /// back later than now (and were not all given at once, [`HINTS_REACTION`]).
+    fn arrive(&mut self, now: u64, window: f64, key: u64, weight: u32) {
+        self.window.record(Duration::from_nanos(now), key, weight);
+        self.asked.add(now, window, 1.0);
+        if self.quick < HINTS_KEPT - 1 && self.waits.iter().all(|&back| back > now) {
+            self.ignored.add(now, window, 1.0);
+        }
+    }
+
+    /// One of its calls was refused now; with `wait`, the refusal told the whole client (its
+    /// session's budget or share is spent) to come back after it.
+    fn refused(&mut self, now: u64, window: f64, wait: Option<Duration>) {
+        self.refusals.add(now, window, 1.0);
+        let Some(wait) = wait else { return };
+        let reaction = u64::try_from(HINTS_REACTION.as_nanos()).unwrap_or(u64::MAX);
+        self.quick = if now.saturating_sub(self.refused_at) < reaction {
+            self.quick.saturating_add(1)
+        } else {
+            0
+        };
+        self.refused_at = now;
+        self.waits[self.next] =
+            now.saturating_add(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
+        self.next = (self.next + 1) % HINTS_KEPT;
+    }
+
+    /// What its score is computed from now, and the tolerances it is judged by.
+    fn signals(&self, now: u64, config: &SessionConfig) -> (Signals, Tolerances) {
+        let window = config.window_size.as_secs_f64();
+        let signals = Signals {
+            entropy: self.window.entropy(),
+            entropy_baseline: self.entropy_baseline.value(),
+            error_rate: self.errors.value().unwrap_or(0.0) * self.error_volume(now, window),
+            latency_ratio: self.latency.value().unwrap_or(1.0),
+            ignored_hints: self.ignored.at(now, window),
+            // Counted at volume: a few refusals of a few calls are no share.
+            refused_share: self.refusals.at(now, window)
+                / self.asked.at(now, window).max(HINTS_IGNORED_ALLOWED),
+        };
+        let tolerances = Tolerances {
+            error_rate: config.error_tolerance,
+            latency_ratio: config.latency_tolerance,
+            ignored_hints: HINTS_IGNORED_ALLOWED,
+        };
+        (signals, tolerances)
     }
 
     /// Logs a change of storm state (the session as a hash: its id is the client's choice).
@@ -500,9 +569,15 @@ impl SessionGuard {
             consumed: 0.0,
             calls: 0,
             finished: 0,
-            failures: 0.0,
-            failed_at: now,
+            failures: Recent::default(),
             hinted: 0,
+            waits: [0; HINTS_KEPT],
+            refused_at: 0,
+            quick: 0,
+            next: 0,
+            ignored: Recent::default(),
+            asked: Recent::default(),
+            refusals: Recent::default(),
             rejected: 0,
             storm: false,
             trust: 1.0,
@@ -768,26 +843,20 @@ impl Admission for SessionGuard {
         let first = s.calls == 0;
         s.calls += 1;
         s.last = now;
-        let weight = if config.weighted { call.cost.max(1) } else { 1 };
-        s.window.record(Duration::from_nanos(now), key, weight);
         let window = config.window_size.as_secs_f64();
-        let signals = Signals {
-            entropy: s.window.entropy(),
-            entropy_baseline: s.entropy_baseline.value(),
-            error_rate: s.errors.value().unwrap_or(0.0) * s.error_volume(now, window),
-            latency_ratio: s.latency.value().unwrap_or(1.0),
-        };
-        let t = &Tolerances {
-            error_rate: config.error_tolerance,
-            latency_ratio: config.latency_tolerance,
-        };
+        s.arrive(now, window, key, weight_of(call, &config));
+        let (signals, t) = s.signals(now, &config);
+        let t = &t;
         let healthy = distress(&signals, t) == 0.0;
         if healthy {
             s.entropy_baseline.update(signals.entropy);
         }
         s.score = storm_score(&signals, t);
         let policy = self.inner.switch.of(call);
-        let evidence = s.finished >= u64::from(config.min_calls);
+        // Evidence: calls that ran, or calls made straight through refusals (which need none
+        // to run).
+        let evidence =
+            s.finished >= u64::from(config.min_calls) || signals.ignored_hints > t.ignored_hints;
         let target = if policy.features.entropy_penalty && evidence {
             budget_factor(s.score, config.entropy_coefficient, config.min_factor)
         } else {
@@ -841,6 +910,8 @@ impl Admission for SessionGuard {
                 .max(s.hinted.saturating_add(secs_ns(cost / refill)))
                 .min(own.saturating_add(secs_ns(window)));
             s.hinted = slot;
+            let wait = Duration::from_nanos(slot - now).max(Duration::from_millis(1));
+            s.refused(now, window, Some(wait));
             let reason = if reason != Reason::SessionBudgetExceeded {
                 reason
             } else if s.factor < 1.0 {
@@ -851,11 +922,7 @@ impl Admission for SessionGuard {
                 reason
             };
             ::metrics::counter!(metrics::SESSION_REJECTED).increment(1);
-            Err(Rejection::new(
-                reason,
-                Scope::AgentSession,
-                Duration::from_nanos(slot - now).max(Duration::from_millis(1)),
-            ))
+            Err(Rejection::new(reason, Scope::AgentSession, wait))
         }
     }
 
@@ -947,9 +1014,8 @@ impl SessionGuard {
         s.errors
             .update(if o.outcome.is_failure() { 1.0 } else { 0.0 });
         if o.outcome.is_failure() {
-            let at = self.now();
-            s.failures = s.failures_at(at, config.window_size.as_secs_f64()) + 1.0;
-            s.failed_at = at;
+            s.failures
+                .add(self.now(), config.window_size.as_secs_f64(), 1.0);
         }
         s.latency.update(ratio);
         if s.pool || s.probation.is_some() {
@@ -993,6 +1059,38 @@ impl Observer for SessionGuard {
             self.accept(&o.call.session, &o.call.tenant);
         }
     }
+
+    /// The budget's refusals (scopes `global` and `tenant`) come before the call reaches the
+    /// guard, so the guard sees such a call only here: it is counted as the client's call, in
+    /// its window, and its wait as one of the last [`HINTS_KEPT`] its next calls must honour;
+    /// its score is brought up to date. The guard notes its own refusals where it makes them;
+    /// the later stages' (a tool's breaker, a resource's queue) say that one tool or resource
+    /// is busy, not the client, and only count in its refused share.
+    fn refused(&self, call: &Call, r: &Rejection) {
+        let config = self.config_of(call);
+        if !config.enabled || call.target().is_none() || r.scope() == Scope::AgentSession {
+            return;
+        }
+        let now = self.now();
+        let window = config.window_size.as_secs_f64();
+        let before = matches!(r.scope(), Scope::Global | Scope::Tenant);
+        let key = if before { self.resource_key(call) } else { 0 };
+        let entry = self.state(call);
+        let mut s = lock(&entry);
+        if before {
+            s.arrive(now, window, key, weight_of(call, &config));
+            s.refused(now, window, Some(r.retry_after()));
+            let (signals, t) = s.signals(now, &config);
+            s.score = storm_score(&signals, &t);
+        } else {
+            s.refused(now, window, None);
+        }
+    }
+}
+
+/// What a call counts for in its session's window: its weight, or one.
+fn weight_of(call: &Call, config: &SessionConfig) -> u32 {
+    if config.weighted { call.cost.max(1) } else { 1 }
 }
 
 /// Who a call's client is, for the stages that count clients (the budget's census and fair

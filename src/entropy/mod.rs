@@ -51,14 +51,16 @@ mod window;
 
 pub(crate) use guard::ClientKeys;
 pub use guard::{
-    ERRORS_ALLOWED, MAX_TOOLS, SessionConfig, SessionGuard, SessionPermit, SessionSummary,
-    UNVERIFIED_PREFIX,
+    ERRORS_ALLOWED, HINTS_KEPT, HINTS_REACTION, MAX_TOOLS, SessionConfig, SessionGuard,
+    SessionPermit, SessionSummary, UNVERIFIED_PREFIX,
 };
 pub use key::MAX_HASHED_ARGS;
 // The pure cores below are public for the crate's proptests, benches and demo, not an API
 // a service builds on: hidden from the docs.
 #[doc(hidden)]
-pub use score::{Signals, Tolerances, budget_factor, distress, diversity, storm_score};
+pub use score::{
+    HINTS_IGNORED_ALLOWED, Signals, Tolerances, budget_factor, distress, diversity, storm_score,
+};
 #[doc(hidden)]
 pub use shannon::Shannon;
 #[doc(hidden)]

@@ -1,4 +1,5 @@
-//! The storm score: entropy, errors and latency of one session, combined.
+//! The storm score: entropy, errors, latency and how a session treats its refusals,
+//! combined.
 
 /// What the score is computed from.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -12,6 +13,11 @@ pub struct Signals {
     /// Smoothed ratio of the session's service times to each tool's healthy service time
     /// (1 = as usual).
     pub latency_ratio: f64,
+    /// Its calls that arrived while its last refusals all still told it to wait (it ignored
+    /// the `retry_after_ms` it was given), within about one window.
+    pub ignored_hints: f64,
+    /// The share of its recent calls that were refused, in [0, 1] (0 below volume).
+    pub refused_share: f64,
 }
 
 /// Tolerances of the score: below both, a session is healthy whatever its entropy.
@@ -21,22 +27,35 @@ pub struct Tolerances {
     pub error_rate: f64,
     /// Latency ratio a healthy session may have. Default 1.5.
     pub latency_ratio: f64,
+    /// Calls ignoring its refusals' waits a healthy session may make within a window: the
+    /// rest of a burst already in flight when its calls were refused arrives "early" without
+    /// ignoring anything. Default [`HINTS_IGNORED_ALLOWED`].
+    pub ignored_hints: f64,
 }
+
+/// Calls a session may make within about a window while its refusals still tell it to wait,
+/// before that counts as ignoring its hints: the rest of a burst of parallel calls already on
+/// its way when the first were refused. A client retrying its refusals at once every 20 ms
+/// passes it in about a second.
+pub const HINTS_IGNORED_ALLOWED: f64 = 32.0;
 
 impl Default for Tolerances {
     fn default() -> Self {
         Tolerances {
             error_rate: 0.05,
             latency_ratio: 1.5,
+            ignored_hints: HINTS_IGNORED_ALLOWED,
         }
     }
 }
 
-/// How far past its tolerances the session is: 0 while healthy, 1 at twice a tolerance.
+/// How far past its tolerances the session is: 0 while healthy, 1 at twice a tolerance, the
+/// three summed: errors, latency, and calls that ignored a refusal's wait.
 pub fn distress(s: &Signals, t: &Tolerances) -> f64 {
-    let errors = ((s.error_rate - t.error_rate) / t.error_rate).max(0.0);
-    let latency = ((s.latency_ratio - t.latency_ratio) / t.latency_ratio).max(0.0);
-    errors + latency
+    let past = |value: f64, tolerance: f64| ((value - tolerance) / tolerance).max(0.0);
+    past(s.error_rate, t.error_rate)
+        + past(s.latency_ratio, t.latency_ratio)
+        + past(s.ignored_hints, t.ignored_hints)
 }
 
 /// How diverse the session's calls are, absolute and against its own healthy baseline:
@@ -46,12 +65,15 @@ pub fn diversity(s: &Signals) -> f64 {
     (s.entropy - 1.0).max(0.0) + rise
 }
 
-/// The storm score: `distress x (1 + diversity)`.
+/// The storm score: `distress x (1 + diversity + refused share)`.
 ///
 /// * Complex-task protection (seed 003 section 5.2): a diverse session that is healthy (errors
-///   and latency within tolerance) has distress 0 and scores 0, whatever its entropy.
-/// * A session that fails and slows down scores by how badly; diversity amplifies it, since
-///   a session flailing across ever-new calls while failing is the storm's signature.
+///   and latency within tolerance, and its refusals' waits honoured) has distress 0 and
+///   scores 0, whatever its entropy and however many of its calls a shared budget refused.
+/// * A session that fails, slows down or calls straight through its refusals scores by how
+///   badly; diversity amplifies it, since a session flailing across ever-new calls is the
+///   storm's signature, and so does the share of its calls refused (a client refused on
+///   most of its calls that keeps calling is not waiting for anything).
 /// * A low-entropy loop of the same failing call is not spared: its distress alone scores.
 ///
 /// Seed 2.2's example (entropy 0.8 -> 4.5 bits, success 97% -> 62%, p99 200 ms -> 1.8 s):
@@ -59,16 +81,22 @@ pub fn diversity(s: &Signals) -> f64 {
 /// ```
 /// use stormgate::entropy::{Signals, Tolerances, storm_score};
 ///
-/// let storm = Signals { entropy: 4.5, entropy_baseline: Some(0.8), error_rate: 0.38, latency_ratio: 9.0 };
+/// let storm = Signals { entropy: 4.5, entropy_baseline: Some(0.8), error_rate: 0.38, latency_ratio: 9.0, ..Default::default() };
 /// let score = storm_score(&storm, &Tolerances::default());
 /// // distress (0.38 - 0.05) / 0.05 + (9 - 1.5) / 1.5 = 11.6; diversity 3.5 + 3.7 = 7.2
 /// assert!((score - 11.6 * 8.2).abs() < 1e-9);
 ///
-/// let complex = Signals { entropy: 4.5, entropy_baseline: Some(0.8), error_rate: 0.0, latency_ratio: 1.0 };
+/// let complex = Signals { entropy: 4.5, entropy_baseline: Some(0.8), error_rate: 0.0, latency_ratio: 1.0, ..Default::default() };
 /// assert_eq!(storm_score(&complex, &Tolerances::default()), 0.0);
+///
+/// // A swarm member retrying its refusals at once: 96 calls within a window while told to
+/// // wait, 90% of its calls refused, healthy otherwise (its admitted calls were fine).
+/// let swarm = Signals { ignored_hints: 96.0, refused_share: 0.9, latency_ratio: 1.0, ..complex };
+/// // distress (96 - 32) / 32 = 2; x (1 + 7.2 + 0.9)
+/// assert!((storm_score(&swarm, &Tolerances::default()) - 2.0 * 9.1).abs() < 1e-9);
 /// ```
 pub fn storm_score(s: &Signals, t: &Tolerances) -> f64 {
-    distress(s, t) * (1.0 + diversity(s))
+    distress(s, t) * (1.0 + diversity(s) + s.refused_share.clamp(0.0, 1.0))
 }
 
 /// The budget factor a score calls for: `exp(-coefficient x score)`, at least `min_factor`.
@@ -88,25 +116,34 @@ mod tests {
             entropy_baseline: Some(0.0),
             error_rate: 0.5,
             latency_ratio: 1.0,
+            ..Signals::default()
         };
         assert_eq!(storm_score(&looped, &Tolerances::default()), 9.0);
     }
 
     proptest! {
-        /// Healthy sessions score 0 whatever their entropy; the score never falls when errors
-        /// or latency rise.
+        /// Healthy sessions score 0 whatever their entropy and refused share; the score never
+        /// falls when errors, latency, ignored hints or the refused share rise.
         #[test]
         fn healthy_is_zero_and_the_score_is_monotone(
             h in 0.0f64..10.0, b in 0.0f64..10.0,
             e in 0.0f64..1.0, de in 0.0f64..0.5,
             r in 0.0f64..20.0, dr in 0.0f64..5.0,
+            i in 0.0f64..100.0, di in 0.0f64..50.0,
+            q in 0.0f64..1.0, dq in 0.0f64..1.0,
         ) {
             let t = Tolerances::default();
-            let s = Signals { entropy: h, entropy_baseline: Some(b), error_rate: e, latency_ratio: r };
-            if e <= t.error_rate && r <= t.latency_ratio {
+            let s = Signals {
+                entropy: h, entropy_baseline: Some(b), error_rate: e, latency_ratio: r,
+                ignored_hints: i, refused_share: q,
+            };
+            if e <= t.error_rate && r <= t.latency_ratio && i <= t.ignored_hints {
                 prop_assert_eq!(storm_score(&s, &t), 0.0);
             }
-            let worse = Signals { error_rate: (e + de).min(1.0), latency_ratio: r + dr, ..s };
+            let worse = Signals {
+                error_rate: (e + de).min(1.0), latency_ratio: r + dr,
+                ignored_hints: i + di, refused_share: (q + dq).min(1.0), ..s
+            };
             prop_assert!(storm_score(&worse, &t) >= storm_score(&s, &t));
             let f = budget_factor(storm_score(&s, &t), 0.2, 0.05);
             prop_assert!((0.05..=1.0).contains(&f));
