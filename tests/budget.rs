@@ -709,3 +709,57 @@ async fn a_switch_flipped_by_hand_applies_at_the_next_call() {
     let admitted = (0..5).filter(|_| budget.admit(&call).is_ok()).count();
     assert_eq!(admitted, 1, "a bucket of one call at 1 per second");
 }
+
+/// Light sessions beside two heavy ones (each asking 50-unit scans 100 times a second), 1 000
+/// units/s in all; each light session asks one scan every 2 s (25 units/s, 275 for the eleven).
+/// Returns the light sessions' refusals over 10 s (from 0.5 s on: before any tick there are no
+/// shares to go by), with the light sessions and the first heavy one in one tenant
+/// (`one_tenant`) or each in a tenant of its own; the second heavy one is another tenant.
+async fn light_refusals(one_tenant: bool) -> usize {
+    let budget = Budget::builder(BudgetConfig::default())
+        .costs(CostConfig {
+            tools: [("sql_scan".to_owned(), Weight::Fixed(50))].into(),
+            ..CostConfig::default()
+        })
+        .build();
+    let call = |session: &str, tenant: &str| {
+        let mut c = Call::request("tools/call")
+            .with_tool("sql_scan")
+            .with_session(stormgate::SessionId::new(session))
+            .with_tenant(Tenant::new(if one_tenant { tenant } else { session }));
+        c.cost = 50;
+        c
+    };
+    let heavy = [call("heavy", "acme"), call("other", "other")];
+    let light: Vec<Call> = (0..11)
+        .map(|i| call(&format!("light-{i}"), "acme"))
+        .collect();
+    let mut refused = 0;
+    for step in 0..10_500u64 {
+        if step % 10 == 0 {
+            for c in &heavy {
+                let _ = budget.admit(c);
+            }
+        }
+        for (i, c) in light.iter().enumerate() {
+            if step >= 500 && step % 2000 == 100 * i as u64 {
+                refused += usize::from(budget.admit(c).is_err());
+            }
+        }
+        tokio::time::advance(ms(1)).await;
+        if (step + 1) % 100 == 0 {
+            budget.tick();
+        }
+    }
+    refused
+}
+
+/// Fair at every level: a light session is admitted whether its tenant is light or has a
+/// heavy session too, so one tenant with twelve sessions fares as twelve tenants of one.
+/// Before, the light sessions of the heavy tenant were refused 53 times of 110, and each light
+/// tenant's first call (a new tenant, before a tick counted it) once.
+#[tokio::test(start_paused = true)]
+async fn one_tenant_of_twelve_sessions_fares_as_twelve_tenants_of_one() {
+    assert_eq!(light_refusals(true).await, 0, "one tenant");
+    assert_eq!(light_refusals(false).await, 0, "tenants of their own");
+}

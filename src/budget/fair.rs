@@ -88,18 +88,20 @@ impl Part {
         self.clients.store(demands.len(), Ordering::Relaxed);
     }
 
-    /// How much a client may use and be light: [`LIGHT`] of the group's fair level, or, for a
-    /// client no tick has counted yet, of the rate split equally among the active clients and
-    /// itself. With fewer than two there is nobody to be fair to, and nobody is under it (the
-    /// reserve is for contention, not a bigger burst).
+    /// How much a client may use and be light: [`LIGHT`] of the group's fair level. A client
+    /// no tick has counted yet (new, or asking less often than every [`ASKED`]) would get all
+    /// it asks up to that level too, and at least the rate split equally among the active
+    /// clients and itself. With fewer than two there is nobody to be fair to, and nobody is
+    /// under it (the reserve is for contention, not a bigger burst).
     fn of(&self, counted: bool) -> f64 {
         let n = self.clients.load(Ordering::Relaxed) + usize::from(!counted);
+        let level = f64::from_bits(self.level.load(Ordering::Relaxed));
         if n < 2 {
             -1.0
         } else if counted {
-            LIGHT * f64::from_bits(self.level.load(Ordering::Relaxed))
+            LIGHT * level
         } else {
-            LIGHT * f64::from_bits(self.rate.load(Ordering::Relaxed)) / n as f64
+            LIGHT * level.max(f64::from_bits(self.rate.load(Ordering::Relaxed)) / n as f64)
         }
     }
 }
@@ -203,11 +205,12 @@ mod tests {
         let u = clients.get(1, 7, 0).unwrap();
         // Alone (not yet counted, nobody else): never light, the reserve is for contention.
         assert!(!Clients::ask(&u, 0, 0.0, &part(1000.0, 0)));
-        // Not yet counted beside one other: its part is half the rate, light up to half of
-        // that. 1250 units asked (250/s over the 5 s memory): light; 1 more: not.
-        assert!(Clients::ask(&u, 0, 1250.0, &part(1000.0, 1)));
+        // Not yet counted beside one other asking nothing: its part is the level, the whole
+        // rate, light up to half of it. 2500 units asked (500/s over the 5 s memory): light;
+        // 1 more: not.
+        assert!(Clients::ask(&u, 0, 2500.0, &part(1000.0, 1)));
         assert!(!Clients::ask(&u, 0, 1.0, &part(1000.0, 1)));
-        // One time constant later the 250.2 units/s are 92.0/s: light for a part of 184 or
+        // One time constant later the 500.2 units/s are 184.0/s: light for a part of 368 or
         // more.
         assert!(!Clients::ask(&u, 5 * S, 0.0, &part(366.0, 1)));
         assert!(Clients::ask(&u, 5 * S, 0.0, &part(370.0, 1)));

@@ -171,8 +171,11 @@ impl Tenants {
             fixed: fixed::bucket(new.fixed_rate.unwrap_or(rate), w),
             demand: AtomicU64::new(0),
             fair: fair::Part::default(),
-            // Earned at its first tick, if under its part: a newcomer has no savings.
-            under_share: AtomicBool::new(false),
+            // A newcomer has asked nothing yet: under its part until its first tick says
+            // otherwise, so its first calls meet the reserve, not the others' debt (its
+            // guaranteed minimum starts empty, and the reserve is bounded: newcomers together
+            // never pass the budget and its burst, tests/hostile.rs).
+            under_share: AtomicBool::new(true),
             tick: Mutex::new(TenantTick {
                 demand: Ewma::new(st.config.alpha),
                 idle: 0,
@@ -181,15 +184,14 @@ impl Tenants {
         })
     }
 
-    /// Whether `tenant` may spend the global bucket's reserve: light among several active
-    /// tenants; with one active, the global bucket is contended by its sessions alone, so as
-    /// its session is (`session_under`).
+    /// Whether a call of `tenant` may spend the global bucket's reserve: fair at every level,
+    /// a client's part of the global budget is its part of its tenant's, and its tenant's is
+    /// its part of the global budget; so a call is light globally when its tenant is light
+    /// among several active tenants, or its session is light within its tenant's share
+    /// (`session_under`), whatever the tenant's other sessions ask. One tenant of twelve
+    /// sessions fares as twelve tenants of one.
     pub(super) fn under(&self, tenant: &TenantState, session_under: bool) -> bool {
-        if self.active() > 1 {
-            tenant.under_share.load(Ordering::Relaxed)
-        } else {
-            session_under
-        }
+        session_under || (self.active() > 1 && tenant.under_share.load(Ordering::Relaxed))
     }
 
     /// Ends the tick: forgets idle tenants, re-splits `budget` among the active ones (their
