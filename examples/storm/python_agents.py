@@ -4,13 +4,22 @@ round-robin, two calls in flight), and from RUNAWAY_AT seconds a runaway (WORKER
 searches, a new query each, errors and timeouts retried at once, refusals after their
 `retry_after_ms`). Every call gives up after 1 s. Prints each agent's outcomes as JSON.
 
-usage: python_agents.py URL SECONDS RUNAWAY_AT WORKERS
+SCENARIO (default "storm") as in the storm demo:
+  storm      every agent one legacy MCP session; the runaway waits its refusals' hints
+  swarm      the runaway's searches spread over 8 sessions, each retrying its refusals 20 ms
+             later, ignoring `retry_after_ms`
+  stateless  every agent speaks MCP 2026-07-28 (no session) with a bearer token of its own;
+             the runaway retries its refusals 20 ms later, ignoring `retry_after_ms`
+
+usage: python_agents.py URL SECONDS RUNAWAY_AT WORKERS [SCENARIO]
   e.g. against `cargo run --release --example mcp_server` (examples/stormgate.toml):
-  python_agents.py http://127.0.0.1:3000/mcp 60 10 8
+  python_agents.py http://127.0.0.1:3000/mcp 60 10 8 swarm
 Real clock, real sockets: figures vary from run to run (the README quotes runs).
 """
 import asyncio, json, random, sys, time
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import Implementation
 
@@ -18,6 +27,10 @@ URL = sys.argv[1]
 DUR = float(sys.argv[2])
 RUNAWAY_AT = float(sys.argv[3])
 WORKERS = int(sys.argv[4])
+SCENARIO = sys.argv[5] if len(sys.argv) > 5 else "storm"
+assert SCENARIO in ("storm", "swarm", "stateless"), SCENARIO
+# The runaway retries its refusals 20 ms later instead of after their hint.
+IGNORES_HINTS = SCENARIO != "storm"
 stats = {}
 T0 = time.monotonic()
 
@@ -31,7 +44,7 @@ async def call(c, agent, name, args, timeout=1.0):
         rec(agent, "error" if r.is_error else "ok")
         return ("error" if r.is_error else "ok", 0)
     except MCPError as e:
-        if e.code == -32029:
+        if e.code in (-32029, 429):  # 429 from MCP 2026-07-28 on
             d = e.data or {}
             rec(agent, "refused:" + str(d.get("reason")))
             return ("refused", d.get("retry_after_ms", 1000) / 1000)
@@ -42,7 +55,12 @@ async def call(c, agent, name, args, timeout=1.0):
         return ("timeout", 0)
 
 def client(name):
-    return Client(URL, mode="legacy", client_info=Implementation(name=name, version="1"))
+    info = Implementation(name=name, version="1")
+    if SCENARIO == "stateless":
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer token-of-{name}"})
+        transport = streamable_http_client(URL, http_client=http)
+        return Client(transport, mode="2026-07-28", client_info=info)
+    return Client(URL, mode="legacy", client_info=info)
 
 async def steady(i):
     async with client(f"steady-{i}") as c:
@@ -75,17 +93,26 @@ WORDS = "latency context pool tenant storm retry budget agent queue entropy cach
 
 async def runaway():
     await asyncio.sleep(RUNAWAY_AT)
-    async with client("runaway") as c:
-        async def worker(w):
-            rng = random.Random(100 + w)
-            while time.monotonic() - T0 < DUR:
-                q = f"body ilike '%{' '.join(rng.choice(WORDS) for _ in range(3))}%' /* {rng.randrange(100000)} */"
-                o, wait = await call(c, "runaway", "sql_scan", {"table": "documents", "filter": q})
-                if o == "ok":
-                    await asyncio.sleep(rng.uniform(0.2, 0.6))
-                elif o == "refused":
-                    await asyncio.sleep(wait)
+    sessions = 8 if SCENARIO == "swarm" else 1
+    clients = [client(f"runaway-{i}") for i in range(sessions)]
+    for c in clients:
+        await c.__aenter__()
+
+    async def worker(w):
+        c = clients[w % sessions]
+        rng = random.Random(100 + w)
+        while time.monotonic() - T0 < DUR:
+            q = f"body ilike '%{' '.join(rng.choice(WORDS) for _ in range(3))}%' /* {rng.randrange(100000)} */"
+            o, wait = await call(c, "runaway", "sql_scan", {"table": "documents", "filter": q})
+            if o == "ok":
+                await asyncio.sleep(rng.uniform(0.2, 0.6))
+            elif o == "refused":
+                await asyncio.sleep(0.02 if IGNORES_HINTS else wait)
+    try:
         await asyncio.gather(*(worker(w) for w in range(WORKERS)))
+    finally:
+        for c in reversed(clients):
+            await c.__aexit__(None, None, None)
 
 async def main():
     random.seed(7)

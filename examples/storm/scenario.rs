@@ -13,8 +13,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rmcp::model::{CallToolRequestParams, ClientConfig};
-use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::model::{CallToolRequestParams, ClientConfig, ProtocolVersion};
+use rmcp::service::{
+    ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService, ServiceError,
+};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ServiceExt, model::CallToolResult};
@@ -58,17 +60,23 @@ pub(crate) enum Scenario {
     /// agent of one tenant, and each search retrying its refusals at once (every 20 ms),
     /// ignoring `retry_after_ms`, as the runaway of issue #30's Python run did.
     Swarm,
+    /// The storm's agents speaking MCP 2026-07-28 (no `Mcp-Session-Id` exists), each with
+    /// its own bearer token, every agent of one tenant; the runaway retries its refusals at
+    /// once (every 20 ms), ignoring `retry_after_ms`, as the runaway of issue #30's Python
+    /// run did.
+    Stateless,
 }
 
 impl Scenario {
     /// Every scenario, in the order the demo runs them.
-    pub(crate) const ALL: [Scenario; 6] = [
+    pub(crate) const ALL: [Scenario; 7] = [
         Scenario::Storm,
         Scenario::SlowDrift,
         Scenario::OneTenant,
         Scenario::Clumsy,
         Scenario::Novel,
         Scenario::Swarm,
+        Scenario::Stateless,
     ];
 
     /// Its name (`--scenario NAME`).
@@ -80,6 +88,7 @@ impl Scenario {
             Scenario::Clumsy => "clumsy",
             Scenario::Novel => "novel",
             Scenario::Swarm => "swarm",
+            Scenario::Stateless => "stateless",
         }
     }
 
@@ -104,6 +113,9 @@ impl Scenario {
             Scenario::Swarm => {
                 "the storm's runaway spread over 8 sessions (an orchestrator's sub-agents), every agent of one tenant, each search retrying its refusals at once (every 20 ms), ignoring retry_after_ms"
             }
+            Scenario::Stateless => {
+                "the storm's agents on MCP 2026-07-28 (no session ids), each with its own bearer token, every agent of one tenant; the runaway retries its refusals at once (every 20 ms), ignoring retry_after_ms"
+            }
         }
     }
 
@@ -115,11 +127,13 @@ impl Scenario {
     /// How the runaway ramps up, if there is one.
     pub(crate) fn runaway(self) -> Option<Ramp> {
         match self {
-            Scenario::Storm | Scenario::OneTenant | Scenario::Swarm => Some(Ramp {
-                first: 2,
-                max: 10,
-                every: Duration::from_secs(10),
-            }),
+            Scenario::Storm | Scenario::OneTenant | Scenario::Swarm | Scenario::Stateless => {
+                Some(Ramp {
+                    first: 2,
+                    max: 10,
+                    every: Duration::from_secs(10),
+                })
+            }
             Scenario::SlowDrift => Some(Ramp {
                 first: 1,
                 max: 12,
@@ -135,8 +149,14 @@ impl Scenario {
     }
 
     /// Whether the runaway retries its refusals at once instead of after `retry_after_ms`.
-    fn ignores_hints(self) -> bool {
-        self == Scenario::Swarm
+    pub(crate) fn ignores_hints(self) -> bool {
+        matches!(self, Scenario::Swarm | Scenario::Stateless)
+    }
+
+    /// Whether the agents speak MCP 2026-07-28, with no session, each presenting its own
+    /// bearer token.
+    fn stateless(self) -> bool {
+        self == Scenario::Stateless
     }
 
     /// Whether the complex agent takes part.
@@ -157,7 +177,7 @@ impl Scenario {
     /// The tenant `agent`'s client sends.
     fn tenant(self, agent: &str) -> String {
         match self {
-            Scenario::OneTenant | Scenario::Swarm => "acme".into(),
+            Scenario::OneTenant | Scenario::Swarm | Scenario::Stateless => "acme".into(),
             _ => agent.into(),
         }
     }
@@ -173,7 +193,9 @@ impl Scenario {
     /// The default length of a run.
     fn duration(self) -> Duration {
         match self {
-            Scenario::Storm | Scenario::OneTenant | Scenario::Swarm => Duration::from_secs(180),
+            Scenario::Storm | Scenario::OneTenant | Scenario::Swarm | Scenario::Stateless => {
+                Duration::from_secs(180)
+            }
             Scenario::SlowDrift => Duration::from_secs(270),
             Scenario::Clumsy | Scenario::Novel => Duration::from_secs(120),
         }
@@ -385,7 +407,7 @@ pub(crate) enum Outcome {
     Error,
     /// The agent gave up waiting.
     Timeout,
-    /// Refused with `-32029 rate_limited`; the agent waits `retry_after`.
+    /// Refused with `-32029 rate_limited` (429 from MCP 2026-07-28 on); the agent waits `retry_after`.
     Throttled {
         /// `data.retry_after_ms`.
         retry_after: Duration,
@@ -461,6 +483,8 @@ pub(crate) struct Sample {
     pub(crate) budget: f64,
     /// The runaway's storm score (0 before it starts, and under a peer).
     pub(crate) runaway_score: f64,
+    /// The runaway's session budget factor (1 before it starts, and under a peer).
+    pub(crate) runaway_factor: f64,
     /// Longest pool wait of the scans that arrived since the last sample.
     pub(crate) pool_wait: Duration,
 }
@@ -727,6 +751,13 @@ impl Goal {
     }
 }
 
+/// The storm threshold of goal 2: a session budget factor below this is the guard's storm
+/// state (its score at least `ln 2 / entropy_coefficient`).
+pub(crate) const STORM_FACTOR: f64 = 0.5;
+
+/// The name of goal 2's second half.
+pub(crate) const SCORE_GOAL: &str = "runaway scored past the storm threshold";
+
 /// Slow queries without protection below this: the "fewer slow queries" goal does not apply.
 pub(crate) const MEANINGFUL_SLOW: usize = 20;
 
@@ -735,7 +766,9 @@ pub(crate) const MEANINGFUL_SLOW: usize = 20;
 ///
 /// 1. at least 80% fewer slow backend queries than `off` (where `off` has at least
 ///    [`MEANINGFUL_SLOW`]);
-/// 2. where there is a runaway: refused within 15 calls after its trouble started;
+/// 2. where there is a runaway: refused within 15 calls after its trouble started, and its
+///    storm score past the storm threshold (its session budget cut below
+///    [`STORM_FACTOR`]; for a peer, which has no score, missed);
 /// 3. the complex and the novel agents refused on at most 1% of their calls;
 /// 4. the steady agents never refused;
 /// 5. clumsy only: nobody but the clumsy session refused, and the global budget never cut
@@ -770,6 +803,21 @@ pub(crate) fn goals(r: &Report, off: &Report) -> Vec<Goal> {
                 Some(n) => format!("runaway refused {n} calls after its trouble began"),
                 None => "runaway never refused".into(),
             },
+        ));
+        let factor = r
+            .samples
+            .iter()
+            .map(|s| s.runaway_factor)
+            .fold(1.0, f64::min);
+        let score = r
+            .samples
+            .iter()
+            .map(|s| s.runaway_score)
+            .fold(0.0, f64::max);
+        goals.push(Goal::new(
+            SCORE_GOAL,
+            factor < STORM_FACTOR,
+            format!("runaway's score up to {score:.1}, its budget factor down to {factor:.2}"),
         ));
     }
     for (agent, present, name) in [
@@ -859,20 +907,35 @@ impl Rng {
 
 type Client = RunningService<RoleClient, ClientConfig>;
 
-/// Connects an rmcp client for `tenant` to `router`, returning it and the session id the
-/// server gave it.
-async fn connect(router: &axum::Router, tenant: &str) -> (Client, Option<SessionId>) {
+/// Connects the rmcp client of `agent` for `tenant` to `router`, returning it and the session
+/// id the server gave it. In a stateless scenario the client speaks MCP 2026-07-28 (no
+/// session) and presents a bearer token of its own, made from `agent`.
+async fn connect(
+    router: &axum::Router,
+    scenario: Scenario,
+    tenant: &str,
+    agent: &str,
+) -> (Client, Option<SessionId>) {
     let mut config = StreamableHttpClientTransportConfig::with_uri("http://localhost/mcp");
     config.custom_headers.insert(
         http::HeaderName::from_static(TENANT_HEADER),
         http::HeaderValue::from_str(tenant).expect("tenant names are ASCII"),
     );
     let http = InProcess::new(router.clone());
-    let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
-    let client = ClientConfig::default()
-        .serve(transport)
-        .await
-        .expect("the MCP handshake succeeds");
+    let client = if scenario.stateless() {
+        config.auth_header = Some(format!("token-of-{agent}"));
+        let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
+        let modern = ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        };
+        ClientConfig::default()
+            .serve_with_lifecycle(transport, modern)
+            .await
+    } else {
+        let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
+        ClientConfig::default().serve(transport).await
+    }
+    .expect("the MCP handshake succeeds");
     (client, http.session().map(SessionId::new))
 }
 
@@ -890,7 +953,7 @@ fn outcome(
         Err(_) => Outcome::Timeout,
         Ok(Ok(r)) if r.is_error == Some(true) => Outcome::Error,
         Ok(Ok(_)) => Outcome::Ok,
-        Ok(Err(ServiceError::McpError(e))) if e.code.0 == -32029 => {
+        Ok(Err(ServiceError::McpError(e))) if [-32029, 429].contains(&e.code.0) => {
             let data = e.data.unwrap_or_default();
             let reason = data["reason"].as_str();
             Outcome::Throttled {
@@ -1135,7 +1198,8 @@ pub(crate) async fn run(policy: Policy, settings: Settings) -> Report {
 
     let mut agents = Vec::new();
     for id in 0..settings.steady_agents {
-        let (client, _) = connect(&router, &scenario.tenant(&format!("steady-{id}"))).await;
+        let agent = format!("steady-{id}");
+        let (client, _) = connect(&router, scenario, &scenario.tenant(&agent), &agent).await;
         agents.push(tokio::spawn(steady(
             client,
             id,
@@ -1145,7 +1209,8 @@ pub(crate) async fn run(policy: Policy, settings: Settings) -> Report {
         )));
     }
     if scenario.has_complex() {
-        let complex_client = Arc::new(connect(&router, &scenario.tenant("complex")).await.0);
+        let tenant = scenario.tenant("complex");
+        let complex_client = Arc::new(connect(&router, scenario, &tenant, "complex").await.0);
         for worker in 0..2 {
             agents.push(tokio::spawn(complex(
                 complex_client.clone(),
@@ -1157,11 +1222,11 @@ pub(crate) async fn run(policy: Policy, settings: Settings) -> Report {
         }
     }
     if scenario.has_clumsy() {
-        let (client, _) = connect(&router, &scenario.tenant("clumsy")).await;
+        let (client, _) = connect(&router, scenario, &scenario.tenant("clumsy"), "clumsy").await;
         agents.push(tokio::spawn(clumsy(client, settings, start, log.clone())));
     }
     if scenario.has_novel() {
-        let (client, _) = connect(&router, &scenario.tenant("novel")).await;
+        let (client, _) = connect(&router, scenario, &scenario.tenant("novel"), "novel").await;
         agents.push(tokio::spawn(novel(client, settings, start, log.clone())));
     }
     let runaway_session: Arc<Mutex<Option<SessionId>>> = Arc::default();
@@ -1172,7 +1237,8 @@ pub(crate) async fn run(policy: Policy, settings: Settings) -> Report {
             tokio::time::sleep_until(start + settings.runaway_start).await;
             let mut clients = Vec::new();
             for i in 0..scenario.runaway_sessions() {
-                let (client, id) = connect(&router, &tenant).await;
+                let (client, id) =
+                    connect(&router, scenario, &tenant, &format!("runaway-{i}")).await;
                 if i == 0 {
                     // The score sampled is its first session's.
                     *session.lock().unwrap() = id;
@@ -1196,15 +1262,21 @@ pub(crate) async fn run(policy: Policy, settings: Settings) -> Report {
             .max()
             .unwrap_or_default();
         seen_scans = scans.len();
-        let runaway_score = control
-            .as_ref()
-            .zip(runaway_session.lock().unwrap().as_ref())
-            .and_then(|(control, id)| control.sessions().summary(id))
-            .map_or(0.0, |s| s.score);
+        // Without sessions the runaway's identity is a keyed hash of its token the demo cannot
+        // make: it is the top session by score (the others score 0).
+        let runaway = control.as_ref().and_then(|control| {
+            if scenario.stateless() {
+                control.sessions().top().into_iter().next()
+            } else {
+                let id = runaway_session.lock().unwrap().clone()?;
+                control.sessions().summary(&id)
+            }
+        });
         samples.push(Sample {
             at: start.elapsed(),
             budget: control.as_ref().map_or(f64::NAN, |c| c.budget().current()),
-            runaway_score,
+            runaway_score: runaway.as_ref().map_or(0.0, |s| s.score),
+            runaway_factor: runaway.as_ref().map_or(1.0, |s| s.factor),
             pool_wait,
         });
     }
