@@ -13,8 +13,14 @@
 //!   tool's healthy service time; the error rate counts only at volume (nothing for up to
 //!   [`ERRORS_ALLOWED`] failures within about a window, in full from twice that), so a few
 //!   ordinary tool errors are not a storm;
-//! * a storm score ([`storm_score`]): `distress x (1 + diversity)`, where distress is how far
-//!   errors and latency are past their tolerances and diversity is the entropy above 1 bit plus
+//! * how it treats its refusals, from every stage's (the guard observes them through the
+//!   classifier, [`Observer::refused`](crate::outcome::Observer::refused)): the waits of its
+//!   last [`HINTS_KEPT`] session-wide refusals, and its calls that arrived while all of them
+//!   were still ahead (it ignored its hints; refusals given each within [`HINTS_REACTION`] of
+//!   the one before went to one burst and do not count), and the share of its calls refused;
+//! * a storm score ([`storm_score`]): `distress x (1 + diversity + refused share)`, where
+//!   distress is how far errors, latency and ignored hints are past their tolerances
+//!   ([`HINTS_IGNORED_ALLOWED`] for the hints) and diversity is the entropy above 1 bit plus
 //!   its rise over the session's own healthy baseline;
 //! * a budget: `base_budget` cost units per second times `exp(-entropy_coefficient x score)`
 //!   (at least `min_factor`), cut at once when the score rises, regained by `recover_step` per
@@ -26,7 +32,8 @@
 //!   comes back spread and is admitted.
 //!
 //! Complex-task protection (seed 5.2): a diverse session whose calls succeed at normal latency
-//! has no distress and scores 0: it is never penalized for its entropy. A low-entropy loop of
+//! and that waits its refusals' hints has no distress and scores 0: it is never penalized for
+//! its entropy, nor for a shared budget refusing it. A low-entropy loop of
 //! the same failing call is caught by its distress alone.
 //!
 //! Identities earn nothing until the MCP server accepts them: a session gets its own state
