@@ -20,7 +20,7 @@ pub struct Signals {
     pub refused_share: f64,
 }
 
-/// Tolerances of the score: below both, a session is healthy whatever its entropy.
+/// Tolerances of the score: within all three, a session is healthy whatever its entropy.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Tolerances {
     /// Error rate a healthy session may have. Default 0.05.
