@@ -256,3 +256,130 @@ impl Tenants {
             .store(newcomer.to_bits(), Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::{BudgetConfig, DEMAND_HEADROOM, TenantConfig};
+    use crate::cost::CostConfig;
+    use proptest::prelude::*;
+
+    /// Bisection for the `x` with `sum(given(x)) = total`, `given` non-decreasing in `x`.
+    fn water(total: f64, hi: f64, given: impl Fn(f64) -> f64) -> f64 {
+        let (mut lo, mut hi) = (0.0, hi);
+        for _ in 0..200 {
+            let mid = (lo + hi) / 2.0;
+            if given(mid) < total {
+                lo = mid
+            } else {
+                hi = mid
+            }
+        }
+        hi
+    }
+
+    /// Each tenant's share of `budget` by its definition: every tenant gets what it wants
+    /// (its demand with headroom) up to one water level per unit of weight; when all wants
+    /// fit, the rest is split by weight on top.
+    fn shares(budget: f64, tenants: &[(f64, f64)]) -> Vec<f64> {
+        let wants: Vec<(f64, f64)> = tenants
+            .iter()
+            .map(|&(w, d)| (w, d * DEMAND_HEADROOM))
+            .collect();
+        let sum: f64 = wants.iter().map(|t| t.1).sum();
+        let weights: f64 = wants.iter().map(|t| t.0).sum();
+        if sum <= budget {
+            return wants
+                .iter()
+                .map(|&(w, d)| d + (budget - sum) * w / weights)
+                .collect();
+        }
+        let x = water(budget, budget, |x| {
+            wants.iter().map(|&(w, d)| d.min(x * w)).sum()
+        });
+        wants.iter().map(|&(w, d)| d.min(x * w)).collect()
+    }
+
+    /// The max-min level of `rate` among `demands` by its definition; when all fit, the
+    /// heaviest demand or the equal split.
+    fn level(rate: f64, demands: &[f64]) -> f64 {
+        let n = demands.len() as f64;
+        if demands.iter().sum::<f64>() <= rate {
+            return demands.iter().copied().fold(0.0, f64::max).max(rate / n);
+        }
+        water(rate, rate, |l| demands.iter().map(|&d| d.min(l)).sum())
+    }
+
+    proptest! {
+        /// Fair at every level, against the definition: after a tick, a session may spend
+        /// the global reserve exactly when it uses at most `LIGHT` of its max-min part of its
+        /// tenant's share (beside another session of it), or its tenant uses at most `LIGHT`
+        /// of its weighted part of the budget (beside another tenant).
+        #[test]
+        fn a_session_is_light_by_its_part_of_its_tenants_part(
+            budget in 100.0f64..10_000.0,
+            tenants in proptest::collection::vec(
+                (1u32..4, proptest::collection::vec(0u32..2_000, 1..6)),
+                1..6,
+            ),
+        ) {
+            let mut config = TenantConfig::default();
+            for (t, (weight, _)) in tenants.iter().enumerate() {
+                config.weights.insert(format!("t{t}"), f64::from(*weight));
+            }
+            let settings = Settings::new(BudgetConfig::default(), config, &CostConfig::default());
+            let secs = settings.config.sample_interval.as_secs_f64();
+            let all = Tenants::new(budget, Arc::new(metrics::Labels::default()));
+            let clients = fair::Clients::new();
+            let leases = LeaseGate::default();
+            let now = 0;
+            let mut states = Vec::new();
+            for (t, (_, sessions)) in tenants.iter().enumerate() {
+                let name = Tenant::new(format!("t{t}"));
+                let new = Newcomer { settings: &settings, fixed_rate: None, now, clients: &clients, leases: &leases };
+                let state = all.insert(&name, new);
+                let mut usages = Vec::new();
+                for (s, &demand) in sessions.iter().enumerate() {
+                    // Asked `demand` units/s: that many over the demand's memory, at once.
+                    let usage = clients.get((t * 100 + s) as u64, state.group, now).unwrap();
+                    let cost = f64::from(demand) * fair::MEMORY.as_secs_f64();
+                    fair::Clients::ask(&usage, now, cost, &state.fair);
+                    state.demand.fetch_add((f64::from(demand) * secs) as u64, Ordering::Relaxed);
+                    usages.push(usage);
+                }
+                states.push((state, usages));
+            }
+            all.tick(now, budget, &settings, &mut clients.active(now));
+
+            let totals: Vec<(f64, f64)> = tenants
+                .iter()
+                .map(|(w, s)| (f64::from(*w), s.iter().map(|&d| f64::from(d)).sum()))
+                .collect();
+            let weights: f64 = totals.iter().map(|t| t.0).sum();
+            let parts = shares(budget, &totals);
+            let min = settings.min_budget.min(budget / tenants.len() as f64);
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1.0);
+            for (t, ((_, sessions), (state, usages))) in tenants.iter().zip(&states).enumerate() {
+                let (weight, total) = totals[t];
+                let demands: Vec<f64> = sessions.iter().map(|&d| f64::from(d)).collect();
+                let tenant_part = fair::LIGHT * budget * weight / weights;
+                let session_part = fair::LIGHT * level(parts[t].max(min), &demands);
+                let tenant_light = tenants.len() > 1 && total <= tenant_part;
+                for (s, usage) in usages.iter().enumerate() {
+                    let d = demands[s];
+                    if close(d, session_part) || close(total, tenant_part) {
+                        continue; // on a boundary: rounding decides
+                    }
+                    let session_light = sessions.len() > 1 && d <= session_part;
+                    let got = all.under(state, fair::Clients::ask(usage, now, 0.0, &state.fair));
+                    prop_assert_eq!(
+                        got,
+                        session_light || tenant_light,
+                        "tenant {} session {}: {} units/s of a part {}, tenant {} of {}",
+                        t, s, d, session_part, total, tenant_part
+                    );
+                }
+            }
+        }
+    }
+}
