@@ -7,7 +7,7 @@
 //! Six calls are fired at once. The limiter lets one run at a time, 250 ms apart; the rest wait
 //! in FIFO order. When the upstream answers 429, the limiter reads `Retry-After` and holds the
 //! queue for 2 s instead of letting the next call hit the same 429. Each line is the audit of
-//! one call: its queue wait (seed 000 `queueWaitMs`) and when it was admitted.
+//! one call: its queue wait (an audit's `queueWaitMs`) and when it was admitted.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;

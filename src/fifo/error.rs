@@ -9,14 +9,14 @@ use crate::rejection::{Reason, Rejection, Scope};
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AcquireError {
-    /// The key's queue was at its depth (seed 000 `RATE_LIMIT_QUEUE_FULL`).
+    /// The key's queue was at its depth (other limiters' `RATE_LIMIT_QUEUE_FULL`).
     QueueFull {
         /// The queue's depth when refused.
         depth: usize,
         /// Expected time until a place frees up, from the queue and the key's service rate.
         retry_after: Duration,
     },
-    /// The caller waited `queue_timeout` (seed 000 `RATE_LIMIT_QUEUE_TIMEOUT`).
+    /// The caller waited `queue_timeout` (other limiters' `RATE_LIMIT_QUEUE_TIMEOUT`).
     QueueTimeout {
         /// How long it really waited.
         waited: Duration,
@@ -24,13 +24,13 @@ pub enum AcquireError {
         retry_after: Duration,
     },
     /// The key is cooling down after an upstream 429 for longer than the caller could wait
-    /// (seed 000 `RATE_LIMITED`).
+    /// (other limiters' `RATE_LIMITED`).
     UpstreamRateLimited {
         /// Until the cooldown ends.
         retry_after: Duration,
     },
     /// The call's whole-round deadline passed, or would pass before it could be admitted
-    /// (seed 000 `TIMEOUT`).
+    /// (other limiters' `TIMEOUT`).
     DeadlineExceeded {
         /// How long it waited (zero when refused at once).
         waited: Duration,

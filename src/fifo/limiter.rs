@@ -27,7 +27,7 @@ pub const DEFAULT_KEY: &str = "~default";
 /// name a tool with a megabyte) shares [`OVERFLOW`], so keys hold at most `max_keys` x this
 /// many bytes of names.
 pub const MAX_KEY_LEN: usize = 128;
-/// Cooldown after an upstream 429 that gave no Retry-After (seed 000 section 3).
+/// Cooldown after an upstream 429 that gave no Retry-After.
 pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
 /// The hold time assumed for a key's calls before any was measured.
 const UNKNOWN_HOLD: Duration = Duration::from_secs(1);
@@ -36,9 +36,9 @@ const HOLD_ALPHA: f64 = 0.3;
 
 /// A per-resource FIFO limiter: a cheap handle, clones share all state.
 ///
-/// Each key (seed 000's `rateLimitGroup`, any string; several tools or hosts may share one)
-/// has its own [`ResourceLimits`], its own FIFO queue and its own cooldown. Keys are
-/// independent: there is no global lock, only one short mutex per key.
+/// Each key (a rate-limit group, what other limiters call `rateLimitGroup`: any string; several
+/// tools or hosts may share one) has its own [`ResourceLimits`], its own FIFO queue and its own
+/// cooldown. Keys are independent: there is no global lock, only one short mutex per key.
 ///
 /// * **Order**: waiters are served in FIFO order per key. With `max_concurrent_per_account`,
 ///   a waiter whose account is full is passed over by waiters of other accounts (FIFO among
@@ -803,7 +803,7 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// How long the call waited in the queue (seed 000 `queueWaitMs`).
+    /// How long the call waited in the queue (an audit's `queueWaitMs`).
     pub fn queue_wait(&self) -> Duration {
         self.queue_wait
     }

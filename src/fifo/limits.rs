@@ -1,4 +1,4 @@
-//! The per-key limits of the FIFO limiter, and the seeds' presets.
+//! The per-key limits of the FIFO limiter, and presets for well-known upstreams.
 
 use crate::error::ConfigError;
 use std::num::{NonZeroU32, NonZeroUsize};
@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// At most `max` admissions in any sliding window `(now - length, now]` (seed 004).
+/// At most `max` admissions in any sliding window `(now - length, now]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowLimit {
@@ -18,7 +18,7 @@ pub struct WindowLimit {
 }
 
 impl WindowLimit {
-    /// `max` admissions per second, the seed's provider QPS.
+    /// `max` admissions per second: a provider's QPS.
     pub fn per_second(max: NonZeroU32) -> Self {
         WindowLimit {
             max,
@@ -28,8 +28,7 @@ impl WindowLimit {
 }
 
 /// The limits of one resource key. **Every dimension is optional, and absent means that
-/// dimension is off**, never an implicit default (seed 000 section 3): `ResourceLimits::default()`
-/// limits nothing.
+/// dimension is off**, never an implicit default: `ResourceLimits::default()` limits nothing.
 ///
 /// ```
 /// use std::num::NonZeroUsize;
@@ -60,10 +59,10 @@ pub struct ResourceLimits {
     /// cancelled.
     #[serde(rename = "queue_timeout_ms", with = "crate::duration_ms::opt")]
     pub queue_timeout: Option<Duration>,
-    /// A sliding admission window (seed 004); only admitted calls consume it.
+    /// A sliding admission window; only admitted calls consume it.
     pub window: Option<WindowLimit>,
-    /// Calls in flight at once per account inside this key (seed 004: provider `gitee`,
-    /// account `account-a`, at most 2 running).
+    /// Calls in flight at once per account inside this key (e.g. provider `gitee`, account
+    /// `account-a`: at most 2 running).
     pub max_concurrent_per_account: Option<NonZeroUsize>,
 }
 
@@ -147,7 +146,8 @@ impl ResourceLimits {
         self
     }
 
-    /// arXiv (seed 000 section 5): one request every 3 s, one connection, queue 8, 20 s timeout.
+    /// arXiv: one request every 3 s on a single connection, as its API terms ask; queue 8, 20 s
+    /// timeout.
     pub fn arxiv() -> Self {
         ResourceLimits::default()
             .min_interval(Duration::from_millis(3000))
@@ -156,8 +156,8 @@ impl ResourceLimits {
             .queue_timeout(Duration::from_secs(20))
     }
 
-    /// NCBI eutils, shared by PubMed, ClinVar and GEO (seed 000 section 5): 3 per second
-    /// (334 ms pacing), 2 in flight, queue 8, 20 s timeout.
+    /// NCBI eutils, shared by PubMed, ClinVar and GEO: 3 per second (334 ms pacing), as NCBI
+    /// allows without an API key; 2 in flight, queue 8, 20 s timeout.
     pub fn ncbi_eutils() -> Self {
         ResourceLimits::default()
             .rate_per_second(NonZeroU32::new(3).expect("3 > 0"))
@@ -166,7 +166,7 @@ impl ResourceLimits {
             .queue_timeout(Duration::from_secs(20))
     }
 
-    /// Other public APIs (seed 000 section 5): 5 per second (200 ms pacing), 2 in flight.
+    /// Other public APIs: 5 per second (200 ms pacing), 2 in flight.
     pub fn public_api() -> Self {
         ResourceLimits::default()
             .rate_per_second(NonZeroU32::new(5).expect("5 > 0"))

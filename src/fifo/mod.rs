@@ -2,9 +2,9 @@
 //! cancellation that frees the place at once, sliding windows, per-account concurrency and
 //! upstream 429 cooldowns. The only stage of stormgate that waits.
 //!
-//! It implements seed 000 (the outbound rate-limit base: `rateLimitGroup`, `minIntervalMs`,
-//! `maxConcurrentRequests`, `maxQueueDepth`, `queueTimeoutMs`, 429 cooldown) and seed 004
-//! (per-provider QPS over a sliding one-second window, per-account concurrency) as one limiter:
+//! It unites the usual outbound rate-limit settings (per `rateLimitGroup`: `minIntervalMs`,
+//! `maxConcurrentRequests`, `maxQueueDepth`, `queueTimeoutMs`, a 429 cooldown) and per-provider
+//! limits (QPS over a sliding one-second window, per-account concurrency) in one limiter:
 //!
 //! * [`ResourceLimiter`]: the core, keyed by any string; `acquire(key, account)` waits in FIFO
 //!   order and gives a [`Lease`]; dropping the lease frees the place.
@@ -15,7 +15,7 @@
 //!   with `Retry-After` into the cooldown by itself.
 //!
 //! **Absent means off.** Every dimension of [`ResourceLimits`] is optional and an absent one
-//! limits nothing; the seeds' values are presets ([`ResourceLimits::arxiv`],
+//! limits nothing; well-known upstreams' limits are presets ([`ResourceLimits::arxiv`],
 //! [`ResourceLimits::ncbi_eutils`], [`ResourceLimits::public_api`]), never hidden defaults.
 //!
 //! ```

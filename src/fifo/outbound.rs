@@ -18,7 +18,7 @@ use crate::deadline::Deadline;
 
 type KeyFn = Arc<dyn Fn(&http::Uri) -> String + Send + Sync>;
 
-/// Limits an outbound HTTP client per upstream (seed 000: `rateLimitGroup` defaults to the
+/// Limits an outbound HTTP client per upstream (the key, its rate-limit group, defaults to the
 /// host), and feeds upstream 429s back into the key's cooldown by itself.
 ///
 /// Requests wait in the key's FIFO queue; a refusal is an error that downcasts to
@@ -42,8 +42,8 @@ impl OutboundLimitLayer {
         }
     }
 
-    /// Retries a failed call once, and only when that cannot repeat a side effect (seed 002:
-    /// no blind retries): a bodiless safe request (GET, HEAD, OPTIONS, TRACE) whose answer was a
+    /// Retries a failed call once, and only when that cannot repeat a side effect (never a
+    /// blind retry): a bodiless safe request (GET, HEAD, OPTIONS, TRACE) whose answer was a
     /// 5xx or a transport error, and only while its [`Deadline`](crate::deadline::Deadline)
     /// (when the request carries one) has time left. Never a 429 (the cooldown handles those),
     /// never a write. The retry keeps the call's place. Off by default.

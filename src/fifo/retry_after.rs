@@ -1,4 +1,4 @@
-//! Reading an upstream's Retry-After: the header in both forms, and seed 000's error text.
+//! Reading an upstream's Retry-After: the header in both forms, and the hint in an error's text.
 
 use std::time::{Duration, SystemTime};
 
@@ -27,8 +27,8 @@ pub fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duratio
 }
 
 /// Reads the retry-after token of an error text such as
-/// `HTTP 429 Too Many Requests from export.arxiv.org (retry-after: 5)` (seed 000 section 4):
-/// the number after `retry-after`, in seconds, case-insensitive.
+/// `HTTP 429 Too Many Requests from export.arxiv.org (retry-after: 5)`: the number after
+/// `retry-after`, in seconds, case-insensitive.
 ///
 /// ```
 /// use std::time::Duration;

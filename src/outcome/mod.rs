@@ -31,7 +31,7 @@ pub use service::{Observed, ResponseFuture};
 
 use crate::call::Call;
 
-/// Request and response extension: how long the call waited in a FIFO queue (seed 000
+/// Request and response extension: how long the call waited in a FIFO queue (an audit's
 /// `queueWaitMs`). The FIFO layer sets it; the outcome layer reports it in each
 /// [`Observation`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
