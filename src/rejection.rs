@@ -21,22 +21,25 @@
 //! -32020..-32099 for its own codes) get [`RejectionFormat::modern_code`] instead (429 by
 //! default).
 //!
-//! # Map from the seeds' error codes
+//! # Map from other limiters' error codes
 //!
-//! | seed code | [`Reason`] | scope |
+//! The codes other outbound rate limiters (`RATE_LIMIT_*`) and model gateways (`MODEL_*`) give
+//! these conditions, and the [`Reason`] and scope stormgate gives each:
+//!
+//! | code or condition | [`Reason`] | scope |
 //! |---|---|---|
-//! | `RATE_LIMIT_QUEUE_FULL` (seed 000) | `queue_full` | resource |
-//! | `RATE_LIMIT_QUEUE_TIMEOUT` (seed 000) | `queue_timeout` | resource |
-//! | `RATE_LIMITED` (seed 000, upstream 429) / `MODEL_RATE_LIMITED` (seed 002) | `upstream_rate_limited` | resource |
-//! | `TIMEOUT` (seed 000) / `MODEL_TIMEOUT` (seed 002) | `deadline_exceeded` | tool |
-//! | `CANCELLED` (seed 000) | none: the caller went away, nobody is answered | |
-//! | `MODEL_BUSY` (seed 002, bulkhead full) | `concurrency_limited` | tool |
-//! | `MODEL_CIRCUIT_OPEN` (seed 002) | `circuit_open` | tool |
-//! | `rate_limited` with `global_budget_exceeded` (seed 003) | `global_budget_exceeded` | global |
-//! | per-tenant budget (seed 003 3.1) | `tenant_budget_exceeded` | tenant |
-//! | per-session budget (seed 003 3.1) | `session_budget_exceeded` | agent_session |
-//! | kill switch in fixed mode (seed 003 5.4) | `fixed_limit_exceeded` | the fixed limit's scope |
-//! | shared budget's Redis unreachable, `on_failure = "closed"` (seed 003 5.1) | `shared_budget_unavailable` | global |
+//! | `RATE_LIMIT_QUEUE_FULL` | `queue_full` | resource |
+//! | `RATE_LIMIT_QUEUE_TIMEOUT` | `queue_timeout` | resource |
+//! | `RATE_LIMITED` (upstream 429) / `MODEL_RATE_LIMITED` | `upstream_rate_limited` | resource |
+//! | `TIMEOUT` / `MODEL_TIMEOUT` | `deadline_exceeded` | tool |
+//! | `CANCELLED` | none: the caller went away, nobody is answered | |
+//! | `MODEL_BUSY` (bulkhead full) | `concurrency_limited` | tool |
+//! | `MODEL_CIRCUIT_OPEN` | `circuit_open` | tool |
+//! | `rate_limited` with `global_budget_exceeded` | `global_budget_exceeded` | global |
+//! | per-tenant budget | `tenant_budget_exceeded` | tenant |
+//! | per-session budget | `session_budget_exceeded` | agent_session |
+//! | kill switch in fixed mode | `fixed_limit_exceeded` | the fixed limit's scope |
+//! | shared budget's Redis unreachable, `on_failure = "closed"` | `shared_budget_unavailable` | global |
 
 use std::fmt;
 use std::time::Duration;
@@ -68,12 +71,13 @@ pub const MESSAGE_PLACEHOLDERS: [&str; 5] = [
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Reason {
-    /// The resource's wait queue was full (seed 000 `RATE_LIMIT_QUEUE_FULL`).
+    /// The resource's wait queue was full (other limiters' `RATE_LIMIT_QUEUE_FULL`).
     QueueFull,
     /// The call waited in the resource's queue longer than its queue timeout
-    /// (seed 000 `RATE_LIMIT_QUEUE_TIMEOUT`).
+    /// (other limiters' `RATE_LIMIT_QUEUE_TIMEOUT`).
     QueueTimeout,
-    /// The upstream answered 429 and the resource is cooling down (seed 000 `RATE_LIMITED`).
+    /// The upstream answered 429 and the resource is cooling down (other limiters'
+    /// `RATE_LIMITED`).
     UpstreamRateLimited,
     /// The adaptive global budget is spent.
     GlobalBudgetExceeded,
@@ -89,11 +93,12 @@ pub enum Reason {
     SessionProbation,
     /// A fixed limit of the kill switch's `fixed` mode is reached.
     FixedLimitExceeded,
-    /// Too many calls are running at once (seed 002 `MODEL_BUSY`).
+    /// Too many calls are running at once (a model gateway's `MODEL_BUSY`).
     ConcurrencyLimited,
-    /// The tool's circuit breaker is open (seed 002 `MODEL_CIRCUIT_OPEN`).
+    /// The tool's circuit breaker is open (a model gateway's `MODEL_CIRCUIT_OPEN`).
     CircuitOpen,
-    /// The call's whole-round deadline passed (seed 000 `TIMEOUT`, seed 002 `MODEL_TIMEOUT`).
+    /// The call's whole-round deadline passed (other limiters' `TIMEOUT`, a model gateway's
+    /// `MODEL_TIMEOUT`).
     DeadlineExceeded,
     /// The cluster's shared budget cannot be reached (Redis does not answer) and the
     /// configured failure mode is `closed` (feature `redis`).
