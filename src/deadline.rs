@@ -1,5 +1,5 @@
-//! Whole-round deadlines (seed 002): one time budget per call that covers its queueing and
-//! its run, so a slow call never gets two budgets.
+//! Whole-round deadlines: one time budget per call that covers its queueing and its run, so a
+//! slow call never gets two budgets.
 //!
 //! A deadline per tool (or a default) starts when the classifier reads the call
 //! ([`Call::deadline`](crate::Call)). The FIFO limiter refuses at once (`deadline_exceeded`,

@@ -1,5 +1,5 @@
-//! Idempotency keys for non-idempotent tools (seed 003 section 5.3): an agent retries a
-//! refused or timed-out write on its own, so a write must not run twice for one key.
+//! Idempotency keys for non-idempotent tools: an agent retries a refused or timed-out write on
+//! its own, so a write must not run twice for one key.
 //!
 //! For the tools listed in [`IdempotencyConfig::tools`], a `tools/call` carries a key in
 //! `params._meta` (`meta_key`, default `idempotency_key`) or in the `Idempotency-Key` header,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::snapshot::{Live, Part, Snapshot};
 use serde::{Deserialize, Serialize};
 
-/// The kill switch (seed 003 section 5.4).
+/// The kill switch: how much of stormgate's protection runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
@@ -88,7 +88,7 @@ impl Default for Features {
 }
 
 /// The limits of `fixed` mode, in cost units per second. Each is optional, and an absent one
-/// limits nothing in fixed mode (seed 000: absent means off).
+/// limits nothing in fixed mode (absent means off, as everywhere in stormgate).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FixedLimits {

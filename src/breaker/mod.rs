@@ -1,14 +1,14 @@
-//! Per-tool circuit breakers (seed 002): fail fast while a dependency keeps failing, and probe
-//! it carefully when it may have recovered.
+//! Per-tool circuit breakers: fail fast while a dependency keeps failing, and probe it
+//! carefully when it may have recovered.
 //!
 //! Each protected tool has its own breaker, never one global breaker. Closed, a breaker lets
 //! calls through and keeps the outcomes of the last `window_calls`; once at least `min_calls`
 //! are in the window and the failure rate reaches `failure_rate` (or the share of calls slower
 //! than `slow_call` reaches `slow_rate`), it opens: every call of the tool is refused with
 //! `circuit_open` (scope `tool`, `retry_after_ms` until the first probe may go). After
-//! `open_for` it is half-open: exactly `probes` calls go through (not a flood: seed 002 warns
-//! that too many probes crush a recovering provider); if they all succeed it closes, if one
-//! fails or is slow it opens again.
+//! `open_for` it is half-open: exactly `probes` calls go through (not a flood: too many probes
+//! crush a recovering provider); if they all succeed it closes, if one fails or is slow it
+//! opens again.
 //!
 //! Failures come from the outcome hook (errors and timeouts); refusals by stormgate itself never
 //! reach it, so they never count as the tool's failures, and a probe refused by a later stage
@@ -35,7 +35,7 @@ use crate::outcome::{Observation, Observer, Outcome};
 use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
 
-/// Breaker settings. Defaults are stormgate's (seed 002 gives the mechanism, not numbers).
+/// Breaker settings. The defaults are stormgate's own choice; no standard fixes the numbers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BreakerConfig {

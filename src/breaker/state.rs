@@ -27,7 +27,7 @@ pub enum BreakerState {
 /// Clients whose failures a closed breaker needs before it opens.
 pub const MIN_FAILING_CLIENTS: usize = 2;
 
-/// One breaker: a count-based sliding window of outcomes and the state machine of seed 002
+/// One breaker: a count-based sliding window of outcomes and the usual breaker state machine
 /// (closed, open, half-open with a limited number of probes).
 #[derive(Debug, Clone)]
 pub struct Breaker {

@@ -1,5 +1,4 @@
-//! The per-session invocation audit (seed 000 section 5: the recent calls of a session with
-//! their queue wait).
+//! The per-session invocation audit: the recent calls of a session with their queue wait.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

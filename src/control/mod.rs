@@ -1,6 +1,6 @@
-//! Control: the kill switch, one validated configuration, and its reload paths (seed 003
-//! sections 4.2 and 5.4: an operator must be able to drop to fixed limits or turn protection
-//! off within a second, and change any parameter online).
+//! Control: the kill switch, one validated configuration, and its reload paths (an operator
+//! must be able to drop to fixed limits or turn protection off within a second, and change any
+//! parameter online).
 //!
 //! * [`Policy`] is an immutable snapshot (mode, feature switches, fixed limits) swapped
 //!   atomically ([`Switch`]); every stage reads it once per request, so a flip is seen by the
