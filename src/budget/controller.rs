@@ -35,8 +35,8 @@ use serde::{Deserialize, Serialize};
 
 use super::Ewma;
 
-/// Settings of the adaptive global budget (seed 003 sections 3.1, 3.2, 4.2). Budgets are in
-/// cost units per second (a call of weight 50 costs 50 units).
+/// Settings of the adaptive global budget. Budgets are in cost units per second (a call of
+/// weight 50 costs 50 units).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BudgetConfig {
@@ -48,10 +48,10 @@ pub struct BudgetConfig {
     /// second of it, as governor's quotas default their burst to their rate), at least the
     /// largest tool weight: a calm newcomer's first call of every tool fits.
     pub burst: Option<f64>,
-    /// Tick length (`sample_interval_ms`). Default 100 ms (seed 3.2).
+    /// Tick length (`sample_interval_ms`). Default 100 ms.
     #[serde(rename = "sample_interval_ms", with = "crate::duration_ms")]
     pub sample_interval: Duration,
-    /// EWMA smoothing, in (0, 1]. Default 0.4 (seed 3.2: 0.3 to 0.5).
+    /// EWMA smoothing, in (0, 1]. Default 0.4, in the middle of the usual 0.3 to 0.5.
     pub alpha: f64,
     /// A call slower than this is slow, whatever its tool (`target_p99_ms`). Absent (the
     /// default): each call is judged against its own tool's healthy latency instead.
@@ -66,7 +66,7 @@ pub struct BudgetConfig {
     #[serde(rename = "latency_floor_ms", with = "crate::duration_ms")]
     pub latency_floor: Duration,
     /// Unhealthy when the median client's smoothed share of failed calls exceeds this.
-    /// Default 0.1 (stormgate's choice; seed 2.2's storm drops success from 97% to 62%).
+    /// Default 0.1 (stormgate's choice; a typical storm drops success from 97% to 62%).
     pub max_error_rate: f64,
     /// Unhealthy when the median client's smoothed share of slow calls exceeds this.
     /// Default 0.1 (stormgate's choice).
@@ -74,9 +74,10 @@ pub struct BudgetConfig {
     /// Multiplier applied on an unhealthy tick, in (0, 1). Default 0.7 (stormgate's choice,
     /// as TCP CUBIC).
     pub decrease_factor: f64,
-    /// Healthy ticks in a row before recovery starts. Default 3 (seed 3.2).
+    /// Healthy ticks in a row before recovery starts. Default 3.
     pub recover_after: u32,
-    /// Additive step per further healthy tick. Default 5% of `stable_budget` (seed 4.2: 5-10%).
+    /// Additive step per further healthy tick. Default 5% of `stable_budget`, the cautious end
+    /// of a 5-10% step.
     pub recover_step: Option<f64>,
 }
 

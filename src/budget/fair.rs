@@ -21,8 +21,8 @@ use crate::bounded::Bounded;
 
 /// How long a client's demand keeps counting (its time constant): long enough that a client
 /// paused by its refusals' `retry_after` is still heavy when it comes back, and that one heavy
-/// call of a light client is a small step of its demand (a second was not: stop 24 measured
-/// a complex agent's 100-unit calls pushed past half its part).
+/// call of a light client is a small step of its demand (a second was too short: a complex
+/// agent's 100-unit calls pushed it past half its part).
 pub(crate) const MEMORY: Duration = Duration::from_secs(5);
 /// Clients whose demand is kept at most; past it a new client is never light.
 pub(crate) const MAX_CLIENTS: usize = 100_000;

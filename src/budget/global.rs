@@ -1,5 +1,5 @@
 //! The global budget: its bucket, the sample of the tick, the [`Controller`] that moves it, and
-//! the trend logged (seed 003 sections 3.1, 3.2).
+//! the trend logged.
 //!
 //! Every `sample_interval` its [`tick`](Global::tick) smooths the tick's sample (EWMA), moves
 //! the budget (multiplicative decrease when unhealthy, additive steps after `recover_after`

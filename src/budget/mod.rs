@@ -1,5 +1,4 @@
-//! The adaptive global budget and the per-tenant shares of it (seed 003 sections 3.1, 3.2,
-//! 4.1, 4.2).
+//! The adaptive global budget and the per-tenant shares of it.
 //!
 //! [`Budget`] is one shared state with three faces:
 //!

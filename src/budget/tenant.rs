@@ -5,15 +5,15 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// Per-tenant budget settings (seed 003 sections 3.1 and 4.2).
+/// Per-tenant budget settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TenantConfig {
     /// Whether tenants get shares at all. Default true.
     pub enabled: bool,
     /// Cost units per second every active tenant is guaranteed, even when the global budget is
-    /// spent (seed 4.2: normal business must not starve). Default 1% of the stable budget
-    /// (stormgate's choice; the seed gives no number).
+    /// spent (normal business must not starve). Default 1% of the stable budget (stormgate's
+    /// choice).
     pub min_budget: Option<f64>,
     /// Share weight per tenant name; tenants not listed weigh 1.
     pub weights: BTreeMap<String, f64>,

@@ -1,5 +1,5 @@
-//! The tenants' shares of the global budget, their fair parts and guaranteed minimums (seed
-//! 003 sections 4.1, 4.2); the split itself is [`allocate`] (in `tenant.rs`).
+//! The tenants' shares of the global budget, their fair parts and guaranteed minimums; the
+//! split itself is [`allocate`] (in `tenant.rs`).
 //!
 //! Each active tenant's share is its weighted max-min fair part of the budget (a tenant that
 //! asks for less than its share keeps what it asks for, the rest is lent to the others, so one
