@@ -1,12 +1,12 @@
-//! Tool weights: what one call of each tool costs the budgets (seed 003 section 4.1).
+//! Tool weights: what one call of each tool costs the budgets.
 //!
 //! A cached read and a billion-row scan are not the same call. Each tool has a weight in
-//! cost units: fixed in config (seed 4.1's examples: a cached read 1, a large scan 50, a
-//! non-idempotent write 100) or `auto`, learned from the tool's smoothed service time and
-//! answer size relative to one cost unit: the cheapest tool configured at weight 1 as
-//! observed, but never less than [`UNIT_TIME`] and [`UNIT_BYTES`] (so an `auto` tool is not
-//! measured against itself or other auto tools), doubled for tools marked
-//! non-idempotent, clamped to `[min_weight, max_weight]`, refreshed on every budget tick.
+//! cost units: fixed in config (e.g. a cached read 1, a large scan 50, a non-idempotent write
+//! 100) or `auto`, learned from the tool's smoothed service time and answer size relative to
+//! one cost unit: the cheapest tool configured at weight 1 as observed, but never less than
+//! [`UNIT_TIME`] and [`UNIT_BYTES`] (so an `auto` tool is not measured against itself or other
+//! auto tools), doubled for tools marked non-idempotent, clamped to `[min_weight,
+//! max_weight]`, refreshed on every budget tick.
 //! Tools not listed weigh `default_weight` (1). The classifier writes the weight into
 //! [`Call::cost`](crate::Call), and every budget charges it.
 
@@ -53,7 +53,8 @@ pub struct CostConfig {
     pub default_weight: u32,
     /// Lower clamp of learned weights. Default 1.
     pub min_weight: u32,
-    /// Upper clamp of learned weights. Default 100 (seed 4.1's largest example).
+    /// Upper clamp of learned weights. Default 100, the weight of a non-idempotent write, the
+    /// heaviest kind of call in the module's examples.
     pub max_weight: u32,
 }
 
@@ -304,8 +305,8 @@ mod tests {
 
     #[test]
     fn the_only_auto_tool_is_not_measured_against_itself() {
-        // Issue finding: the only auto tool always weighed 1. A 0.35 ms weight-1 cache is
-        // under the 5 ms floor of a unit: 50 ms weighs 10.
+        // Measured against itself, the only auto tool would always weigh 1. A 0.35 ms
+        // weight-1 cache is under the 5 ms floor of a unit: 50 ms weighs 10.
         let config: CostConfig =
             serde_json::from_str(r#"{"tools":{"cache_get":1,"vector_search":"auto"}}"#).unwrap();
         let costs = Costs::new(config);

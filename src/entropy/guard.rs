@@ -36,19 +36,18 @@ const BASELINE_ALPHA: f64 = 0.05;
 /// counts in full from twice this many on (errors at volume).
 pub const ERRORS_ALLOWED: f64 = 3.0;
 
-/// Session guard settings (seed 003 sections 2.1-2.3, 4.2, 5.2).
+/// Session guard settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SessionConfig {
     /// Whether the guard runs. Default true.
     pub enabled: bool,
-    /// Sliding window of a session's calls (`window_size_ms`). Default 10 s (seed 4.2).
+    /// Sliding window of a session's calls (`window_size_ms`). Default 10 s.
     #[serde(rename = "window_size_ms", with = "crate::duration_ms")]
     pub window_size: Duration,
     /// Buckets the window is split into. Default 10.
     pub buckets: usize,
-    /// Count calls by their weight instead of one each (seed 2.1's weighted window).
-    /// Default false.
+    /// Count calls by their weight instead of one each (a weighted window). Default false.
     pub weighted: bool,
     /// Distinct keys stored per window; calls of further new keys count as keys seen once.
     /// Default 64.
@@ -67,7 +66,7 @@ pub struct SessionConfig {
     /// latency). Default 1 000 (one second of the default budget).
     pub burst: f64,
     /// How hard the storm score cuts the budget: factor `exp(-coefficient x score)`.
-    /// Default 0.2 (seed 4.2: start at 0.2; too large catches complex tasks).
+    /// Default 0.2, a cautious start: a coefficient too large catches complex tasks.
     pub entropy_coefficient: f64,
     /// The lowest budget factor: a penalized session keeps this share of its budget.
     /// Default 0.02.

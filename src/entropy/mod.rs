@@ -1,5 +1,4 @@
-//! Per-session entropy scoring: what no plain rate limiter sees (seed 003 sections 2.1-2.3,
-//! 4.2, 5.2).
+//! Per-session entropy scoring: what no plain rate limiter sees.
 //!
 //! An agent in a storm does not send more of the same call; it flails: new queries, new
 //! parameters, other tools, while its calls fail and slow down. [`SessionGuard`] keeps, per
@@ -31,10 +30,10 @@
 //!   real deficit, and after the slot of the refusal before it, so a burst refused together
 //!   comes back spread and is admitted.
 //!
-//! Complex-task protection (seed 5.2): a diverse session whose calls succeed at normal latency
-//! and that waits its refusals' hints has no distress and scores 0: it is never penalized for
-//! its entropy, nor for a shared budget refusing it. A low-entropy loop of
-//! the same failing call is caught by its distress alone.
+//! Complex-task protection: a diverse session whose calls succeed at normal latency and that
+//! waits its refusals' hints has no distress and scores 0: it is never penalized for its
+//! entropy, nor for a shared budget refusing it. A low-entropy loop of the same failing call is
+//! caught by its distress alone.
 //!
 //! Identities earn nothing until the MCP server accepts them: a session gets its own state
 //! only once the server minted its id on `initialize` or answered a call on it with success

@@ -67,16 +67,16 @@ pub fn diversity(s: &Signals) -> f64 {
 
 /// The storm score: `distress x (1 + diversity + refused share)`.
 ///
-/// * Complex-task protection (seed 003 section 5.2): a diverse session that is healthy (errors
-///   and latency within tolerance, and its refusals' waits honoured) has distress 0 and
-///   scores 0, whatever its entropy and however many of its calls a shared budget refused.
+/// * Complex-task protection: a diverse session that is healthy (errors and latency within
+///   tolerance, and its refusals' waits honoured) has distress 0 and scores 0, whatever its
+///   entropy and however many of its calls a shared budget refused.
 /// * A session that fails, slows down or calls straight through its refusals scores by how
 ///   badly; diversity amplifies it, since a session flailing across ever-new calls is the
 ///   storm's signature, and so does the share of its calls refused (a client refused on
 ///   most of its calls that keeps calling is not waiting for anything).
 /// * A low-entropy loop of the same failing call is not spared: its distress alone scores.
 ///
-/// Seed 2.2's example (entropy 0.8 -> 4.5 bits, success 97% -> 62%, p99 200 ms -> 1.8 s):
+/// A typical storm (entropy 0.8 -> 4.5 bits, success 97% -> 62%, p99 200 ms -> 1.8 s):
 ///
 /// ```
 /// use stormgate::entropy::{Signals, Tolerances, storm_score};
