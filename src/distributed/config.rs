@@ -36,8 +36,8 @@ impl FailureMode {
     }
 }
 
-/// Settings of the Redis-backed shared budget (`[distributed]`; seed 003 sections 3.3 and
-/// 5.1). Read when the stack is built; a reload keeps the running connection.
+/// Settings of the Redis-backed shared budget (`[distributed]`). Read when the stack is built;
+/// a reload keeps the running connection.
 ///
 /// ```
 /// use std::time::Duration;
@@ -65,8 +65,7 @@ pub struct DistributedConfig {
     /// This node's name among the cluster's proposals. Default: `node-<pid>-<random>`, new
     /// on each start. Two nodes must never share one.
     pub node_id: Option<String>,
-    /// Length of a lease window (`lease_window_ms`). Default 500 ms (seed 003 section 5.1).
-    /// At most 1000 ms.
+    /// Length of a lease window (`lease_window_ms`). Default 500 ms. At most 1000 ms.
     #[serde(rename = "lease_window_ms", with = "crate::duration_ms")]
     pub lease_window: Duration,
     /// The longest any script call waits for Redis (`timeout_ms`): a call not answered by

@@ -1,5 +1,4 @@
-//! Budgets shared by a cluster of nodes through Redis (feature `redis`; seed 003 sections 3.3
-//! and 5.1, seed 004).
+//! Budgets shared by a cluster of nodes through Redis (feature `redis`).
 //!
 //! Without it, N nodes each admitting the whole budget admit up to N times it. With it, the
 //! global budget and each tenant's share hold across the cluster, without a Redis round trip

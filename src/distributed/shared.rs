@@ -137,7 +137,7 @@ pub(crate) enum Gate {
     Closed(u64),
 }
 
-/// One node's share of a cluster-wide budget held in Redis (seed 003 sections 3.3 and 5.1).
+/// One node's share of a cluster-wide budget held in Redis.
 /// A cheap handle; give it to [`BudgetBuilder::shared`](crate::budget::BudgetBuilder::shared)
 /// (one `SharedBudget` per `Budget`). See the [module docs](crate::distributed).
 #[derive(Clone)]
