@@ -181,8 +181,8 @@ mod tests {
         assert_eq!(events(&[&out]), [r#"{"id":1}"#, "[]"]);
     }
 
-    /// The parser as it was: every line and event kept whole. The reference for the
-    /// streaming one.
+    /// A plain parser that keeps every line and event whole: the reference for the streaming
+    /// one.
     fn reference(body: &[u8]) -> Vec<String> {
         let mut out = Vec::new();
         let (mut data, mut has_data) = (Vec::new(), false);

@@ -3,7 +3,7 @@
 //!
 //! Bounded: at most [`MAX_NAMES`] names of at most [`MAX_NAME_LEN`] bytes, never evicted. A
 //! name past either bound (a client can make up a new tool name per call) is copied for its
-//! call alone, as every name was before: nothing is lost but the sharing.
+//! call alone, as it would be without the table: nothing is lost but the sharing.
 
 use std::sync::Arc;
 
