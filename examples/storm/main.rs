@@ -1,9 +1,9 @@
-//! The storm demo (seed 003 section 1, and five more scenarios): steady agents, a complex but
-//! healthy agent, a runaway, a clumsy client or a novel worker share the example server's
-//! database pool, first with no protection, then behind a fixed per-session rate limit, then
-//! behind stormgate, then behind the peers (governor keyed by session, tower-resilience's
-//! adaptive concurrency limits). Prints one table per scenario, the refusal reasons and the
-//! goals each policy met, and writes `storm.svg` for the storm scenario.
+//! The storm demo (the storm, and six more scenarios): steady agents, a complex but healthy
+//! agent, a runaway, a clumsy client or a novel worker share the example server's database
+//! pool, first with no protection, then behind a fixed per-session rate limit, then behind
+//! stormgate, then behind the peers (governor keyed by session, tower-resilience's adaptive
+//! concurrency limits). Prints one table per scenario, the refusal reasons and the goals each
+//! policy met, and writes `storm.svg` for the storm scenario.
 //!
 //! ```text
 //! cargo run --release --example storm [-- --scenario NAME --policy KEY --seed N --out storm.svg]

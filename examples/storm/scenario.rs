@@ -1,6 +1,6 @@
-//! The storm demo's scenarios (seed 003 section 1 and four more): steady agents, a complex but
-//! healthy agent, a runaway, a clumsy client or a novel worker share the example server's
-//! database pool, under one protection policy.
+//! The storm demo's scenarios (the storm and six more): steady agents, a complex but healthy
+//! agent, a runaway, a clumsy client or a novel worker share the example server's database
+//! pool, under one protection policy.
 //!
 //! Every agent is rmcp's own client speaking streamable HTTP to the example server's real
 //! rmcp service through the whole axum stack ([`crate::inprocess`]); the scenario runs on
@@ -39,9 +39,9 @@ const TENANT_HEADER: &str = "x-tenant";
 /// What the agents do and against which backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scenario {
-    /// Seed 003's storm: steady agents, the complex agent, and from 30 s a runaway that
-    /// ramps fast (2 searches at once, one more every 10 s up to 10), every query new and
-    /// cold (600 ms, against 50 ms for a query seen before).
+    /// The storm: steady agents, the complex agent, and from 30 s a runaway that ramps fast (2
+    /// searches at once, one more every 10 s up to 10), every query new and cold (600 ms,
+    /// against 50 ms for a query seen before).
     Storm,
     /// A diverse runaway that ramps slowly (1 search, one more every 20 s up to 12) against a
     /// load-sensitive database without a cache: every scan slows down with the recent load,
@@ -58,12 +58,11 @@ pub(crate) enum Scenario {
     Novel,
     /// The storm's runaway spread over 8 sessions, as an orchestrator's sub-agents are, every
     /// agent of one tenant, and each search retrying its refusals at once (every 20 ms),
-    /// ignoring `retry_after_ms`, as the runaway of issue #30's Python run did.
+    /// ignoring `retry_after_ms`, as a runaway retrying at once does.
     Swarm,
     /// The storm's agents speaking MCP 2026-07-28 (no `Mcp-Session-Id` exists), each with
     /// its own bearer token, every agent of one tenant; the runaway retries its refusals at
-    /// once (every 20 ms), ignoring `retry_after_ms`, as the runaway of issue #30's Python
-    /// run did.
+    /// once (every 20 ms), ignoring `retry_after_ms`, as a runaway retrying at once does.
     Stateless,
 }
 
@@ -442,7 +441,7 @@ pub(crate) enum Agent {
     Steady,
     /// Five tools round-robin, two in flight, no errors.
     Complex,
-    /// The seed's runaway: one search tool, ever-new queries, retries on every error and
+    /// The storm's runaway: one search tool, ever-new queries, retries on every error and
     /// timeout, more parallel searches as it goes.
     Runaway,
     /// Calls a tool that does not exist and real tools with bad arguments, a few times a
