@@ -43,7 +43,7 @@ fn warmed() -> Controller {
 #[test]
 fn a_latency_step_drives_the_budget_to_the_floor() {
     let mut c = warmed();
-    // p99 200 ms -> 1.8 s (seed 2.2): every call slow, falling from the first tick.
+    // p99 200 ms -> 1.8 s, as in a typical storm: every call slow, falling from the first tick.
     let first = c.tick(tick(1.0, 0.03));
     assert!(!first.healthy);
     assert_eq!(first.budget, 700.0);
@@ -64,7 +64,7 @@ fn a_latency_step_drives_the_budget_to_the_floor() {
 #[test]
 fn errors_alone_drive_the_budget_down() {
     let mut c = warmed();
-    // Success 97% -> 62% (seed 2.2), latency unchanged.
+    // Success 97% -> 62%, as in a typical storm, latency unchanged.
     let h = c.tick(tick(0.0, 0.38));
     assert!(!h.healthy, "smoothed error rate {}", h.error_rate);
     assert_eq!(h.budget, 700.0);
@@ -491,8 +491,8 @@ async fn one_slow_tool_is_not_an_unhealthy_backend_and_a_slow_drift_is_a_slowdow
         assert_eq!(budget.tick().budget, 1000.0);
     }
     // sql_scan drifts from 200 ms to 900 ms over 40 s, every session alike: its baseline
-    // holds at 200 ms (before, the controller's learned p99 crept with it and the budget
-    // never moved: issue finding 4), so the budget is cut once calls pass 2x.
+    // holds at 200 ms (a learned p99 would creep with it and the budget would never move),
+    // so the budget is cut once calls pass 2x.
     let budget = Budget::builder(BudgetConfig::default()).build();
     let mut cut_at = None;
     for t in 0..700u64 {
@@ -563,14 +563,14 @@ async fn in_a_contended_tenant_the_sessions_above_their_share_are_refused_not_th
 
 #[tokio::test(start_paused = true)]
 async fn a_bursting_runaway_does_not_get_a_complex_agents_heavier_calls_refused() {
-    // One tenant, 1000 units/s, measured over real HTTP with the Python SDK (stop 24): a
-    // runaway whose searches come back together after each refusal, beside four steady
-    // sessions (a 50-unit scan a second) and a complex agent mixing five tools (1, 10, 50, 1
-    // and 100 units, one call every 177 ms: 183 units/s). The complex agent asks less than its
+    // One tenant, 1000 units/s, as measured over real HTTP with the Python SDK: a runaway
+    // whose searches come back together after each refusal, beside four steady sessions (a
+    // 50-unit scan a second) and a complex agent mixing five tools (1, 10, 50, 1 and 100
+    // units, one call every 177 ms: 183 units/s). The complex agent asks less than its
     // max-min fair part (1000 - 4 x 50 - 183 = 617 is left for the runaway), but its 100-unit
-    // calls spike its recent demand; a one-second demand memory let them past half its part
-    // and into the plain bucket the runaway's bursts had just drained (3 of 280 refused; 12
-    // with an equal split of the tenant's rate instead of the max-min level).
+    // calls spike its recent demand; a one-second demand memory would let them past half its
+    // part and into the plain bucket the runaway's bursts had just drained (3 of 280 refused;
+    // 12 with an equal split of the tenant's rate instead of the max-min level).
     let budget = Budget::builder(BudgetConfig::default())
         .costs(CostConfig {
             tools: [
@@ -756,8 +756,9 @@ async fn light_refusals(one_tenant: bool) -> usize {
 
 /// Fair at every level: a light session is admitted whether its tenant is light or has a
 /// heavy session too, so one tenant with twelve sessions fares as twelve tenants of one.
-/// Before, the light sessions of the heavy tenant were refused 53 times of 110, and each light
-/// tenant's first call (a new tenant, before a tick counted it) once.
+/// Were only a tenant as a whole light or heavy, the light sessions of the heavy tenant would
+/// be refused 53 times of 110; were a new tenant not light until its first tick, each light
+/// tenant's first call would be refused once.
 #[tokio::test(start_paused = true)]
 async fn one_tenant_of_twelve_sessions_fares_as_twelve_tenants_of_one() {
     assert_eq!(light_refusals(true).await, 0, "one tenant");

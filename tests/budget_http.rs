@@ -112,9 +112,9 @@ async fn a_sql_scan_burst_drives_the_budget_down_and_it_recovers_by_steps() {
 
 #[tokio::test(start_paused = true)]
 async fn a_clumsy_client_moves_neither_the_budget_nor_a_breaker() {
-    // Unknown tools and bad arguments (rmcp answers at once) are the client's mistakes:
-    // before, they read as backend failures and cut the global budget for everyone, and ten of
-    // them opened the tool's breaker.
+    // Unknown tools and bad arguments (rmcp answers at once) are the client's mistakes: read as
+    // backend failures, they would cut the global budget for everyone, and ten of them would
+    // open the tool's breaker.
     let mut config = Config::default();
     config.breaker.tools.insert("sql_scan".into());
     config.sessions.enabled = false; // the guard is not under test here

@@ -163,7 +163,8 @@ async fn python_sdk_2026_07_28_reads_the_error_form() {
 
 /// Two agents of the same SDK on one host, declaring the same name, each with its own bearer
 /// token, on the session-less protocol: the credential tells them apart, so B is never refused
-/// for A's storm (both were one session before the credential rung of the identity ladder).
+/// for A's storm (without the credential rung of the identity ladder both would be one
+/// session).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_2026_07_28_agents_with_their_own_tokens_are_apart() {
     let (url, _control) = serve(config(false)).await;

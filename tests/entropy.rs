@@ -122,7 +122,7 @@ async fn a_complex_healthy_agent_is_not_throttled() {
     assert_eq!(throttled, 0, "at most 1% allowed, none seen");
 }
 
-/// The seed's storm: one search tool, ever-new queries, retrying every failure or refusal at
+/// A typical storm: one search tool, ever-new queries, retrying every failure or refusal at
 /// once with a new query; healthy for 40 calls, then errors rise to 40% and latency from
 /// 200 ms to 1.8 s. Returns every step and the index of the first call after errors start.
 async fn storm(g: &SessionGuard) -> (Vec<Step>, usize) {
@@ -273,8 +273,8 @@ async fn a_session_whose_slow_calls_are_abandoned_is_scored_as_slow() {
 async fn one_failed_call_is_not_a_bad_session_but_a_failing_one_is_cut_within_15_calls() {
     let g = guard();
     let start = tokio::time::Instant::now();
-    // A new session whose very first call fails: before, its error average took that one
-    // sample as its value and the session was cut to the 2% floor for ~11 s.
+    // A new session whose very first call fails: an error average that took that one sample
+    // as its value would cut the session to the 2% floor for ~11 s.
     let c = call("unlucky", "search", json!({"q": "weather in Paris"}));
     send(&g, &c, Outcome::Error, ms(200), start).await;
     // At most a small cut, quickly recovered.
@@ -315,7 +315,7 @@ async fn milliseconds_of_noise_on_a_fast_tool_are_not_slowness() {
         tokio::time::advance(ms(500)).await;
     }
     // A steady agent whose calls take 2 ms (a ratio of 6, but 1.65 ms over the baseline,
-    // under the 5 ms floor): before, it was scored as slow and cut.
+    // under the 5 ms floor): judged by the ratio alone, it would be scored as slow and cut.
     let steady = call("steady", "cache_get", json!({"key": "k"}));
     for _ in 0..60 {
         let step = send(&g, &steady, Outcome::Ok, ms(2), start).await;
@@ -338,10 +338,10 @@ async fn milliseconds_of_noise_on_a_fast_tool_are_not_slowness() {
     assert!(last.unwrap().factor < 1.0, "{last:?}");
 }
 
-/// Issue #15 (e): a session whose work is slow by nature (a new, cold query every call, 12x
-/// the tool's warm latency), one call at a time with pauses and no errors, is not in
-/// distress: it is judged against its own healthy latency too. It still pays for the
-/// backend time it holds: the same cold calls three at a time run out of its budget.
+/// A session whose work is slow by nature (a new, cold query every call, 12x the tool's warm
+/// latency), one call at a time with pauses and no errors, is not in distress: it is judged
+/// against its own healthy latency too. It still pays for the backend time it holds: the
+/// same cold calls three at a time run out of its budget.
 #[tokio::test(start_paused = true)]
 async fn work_slow_by_nature_is_not_distress_but_costs_the_time_it_holds() {
     let g = guard_of(SessionConfig {

@@ -1213,8 +1213,8 @@ async fn outcomes_are_learned_from_the_upstreams_answers() {
     }
     // Learned when the answer's body ends on the gateway's side, which may be just after the
     // client read it. (A JSON answer is learned only if the server polls the body to its end:
-    // before the proxy's `Streamed` body, hyper stopped at the last byte and the call was
-    // settled as cancelled, so the session was never accepted and nothing was learned.)
+    // without the proxy's `Streamed` body, hyper would stop at the last byte and the call would
+    // be settled as cancelled, so the session would never be accepted and nothing learned.)
     let session = stormgate::SessionId::new("upstream-session-1");
     let outcome = |tool: &str| {
         control

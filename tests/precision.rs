@@ -321,8 +321,8 @@ fn stateless_call(token: &str, id: usize, query: &str) -> http::Request<Body> {
 }
 
 /// Two stateless agents, each with its own bearer token: one storms (and is refused), the
-/// other is never refused for it. Without the credential in the identity ladder both were one
-/// session, and the second was refused 20 times of 20.
+/// other is never refused for it. Without the credential in the identity ladder both would be
+/// one session, and the second would be refused 20 times of 20.
 #[tokio::test(start_paused = true)]
 async fn stateless_agents_with_their_own_tokens_are_their_own_sessions() {
     let mut config = Config::default();

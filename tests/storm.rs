@@ -72,9 +72,9 @@ async fn storm_stormgate_tames_it_and_beats_a_fixed_limit() {
     }
 }
 
-/// Also the goal of issue #15 that stop 23 missed (cut 7 s after the steady p99 doubled):
-/// the drifting runaway is refused before the steady agents' p99 doubles. Its scans slow
-/// down with everyone's, but it holds the backend longest and pays for it.
+/// Also the goal that is easiest to miss here (a runaway cut 7 s after the steady p99 doubled
+/// misses it): the drifting runaway is refused before the steady agents' p99 doubles. Its
+/// scans slow down with everyone's, but it holds the backend longest and pays for it.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn slow_drift_stormgate_cuts_the_runaway_before_the_steady_p99_doubles() {
     let (off, adaptive) = stormgate_meets_every_goal(Settings::new(Scenario::SlowDrift)).await;
@@ -101,18 +101,18 @@ async fn clumsy_stormgate_refuses_nobody_else() {
     stormgate_meets_every_goal(Settings::new(Scenario::Clumsy)).await;
 }
 
-/// The goal of issue #15 that stop 23 missed (about 63% of the novel agent's calls
-/// refused): its cold 600 ms scans are judged against its own healthy latency, not the
-/// steady agents' warm 50 ms, and at one at a time they cost less than its budget.
+/// The novel agent is spared (judged against the steady agents' warm 50 ms, about 63% of its
+/// calls would be refused): its cold 600 ms scans are judged against its own healthy latency,
+/// and at one at a time they cost less than its budget.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn novel_stormgate_spares_novel_work_and_keeps_the_budget() {
     let (_, adaptive) = stormgate_meets_every_goal(Settings::new(Scenario::Novel)).await;
     assert_eq!(adaptive.budget_min(), adaptive.stable_budget());
 }
 
-/// Issue #30's swarm: the runaway over 8 sessions of the steady agents' tenant, retrying its
-/// refusals at once. Without reading how a client treats its refusals the steady agents were
-/// refused 349 times and the complex agent on 12.49% of its calls.
+/// The swarm: the runaway over 8 sessions of the steady agents' tenant, retrying its refusals
+/// at once. Without reading how a client treats its refusals, the guard would refuse the
+/// steady agents 349 times and the complex agent on 12.49% of its calls.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn swarm_stormgate_refuses_the_swarm_and_nobody_else() {
     let (_, adaptive) = stormgate_meets_every_goal(Settings::new(Scenario::Swarm)).await;
@@ -120,8 +120,7 @@ async fn swarm_stormgate_refuses_the_swarm_and_nobody_else() {
     assert_eq!(adaptive.budget_min(), adaptive.stable_budget());
 }
 
-/// Issue #30's stateless agents: MCP 2026-07-28, no session ids, a bearer token each, one
-/// tenant.
+/// The stateless agents: MCP 2026-07-28, no session ids, a bearer token each, one tenant.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn stateless_stormgate_tells_agents_apart_by_their_tokens() {
     stormgate_meets_every_goal(Settings::new(Scenario::Stateless)).await;
