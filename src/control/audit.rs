@@ -42,10 +42,12 @@ pub struct Invocation {
 /// The bounded audit: the last [`AUDIT_PER_SESSION`] calls of up to [`AUDIT_MAX_SESSIONS`]
 /// sessions. An [`Observer`] of outcomes and refusals.
 ///
-/// Following a [`SessionGuard`] (as [`Control`](super::Control) builds it), it records only
-/// sessions the guard tracks, the ones the MCP server accepted, so ids a client makes up
-/// never take its places, and it forgets a session when the guard does. Names are kept as
-/// the session ids are: up to 128 bytes, longer ones as a 17-byte hash.
+/// Following a [`SessionGuard`] (as [`Control`](super::Control) builds it), it starts a log
+/// only for a session the guard tracks, one the MCP server accepted, so ids a client makes up
+/// never take its places; when its places are all taken, it forgets the sessions the guard no
+/// longer tracks. A call of a session with a log is recorded without asking the guard again
+/// (one lookup per call, not two). Names are kept as the session ids are: up to 128 bytes,
+/// longer ones as a 17-byte hash.
 pub struct Audit {
     epoch: Instant,
     /// Each session's log, by a keyed hash of its id (the id kept in the log, for the sweep).
@@ -101,28 +103,37 @@ impl Audit {
     }
 
     fn record(&self, call: &Call, entry: Invocation) {
-        if let Some(guard) = &self.guard
-            && !guard.is_tracked(&call.session)
-        {
-            return;
-        }
         let key = self.sessions.key(call.session.as_str());
-        let make = || {
-            Arc::new(Log {
-                session: call.session.clone(),
-                calls: Mutex::new(VecDeque::new()),
-            })
-        };
-        // Full: forget the sessions the guard no longer tracks, then try once more.
-        let Some(log) = self
-            .sessions
-            .get_or_insert(key, AUDIT_MAX_SESSIONS, make)
-            .or_else(|| {
-                self.sweep();
-                self.sessions.get_or_insert(key, AUDIT_MAX_SESSIONS, make)
-            })
-        else {
-            return;
+        let log = match self.sessions.get(key) {
+            Some(log) => log,
+            // A session gets a log only while the guard tracks it.
+            None if self
+                .guard
+                .as_ref()
+                .is_some_and(|guard| !guard.is_tracked(&call.session)) =>
+            {
+                return;
+            }
+            None => {
+                let make = || {
+                    Arc::new(Log {
+                        session: call.session.clone(),
+                        calls: Mutex::new(VecDeque::new()),
+                    })
+                };
+                // Full: forget the sessions the guard no longer tracks, then try once more.
+                let Some(log) = self
+                    .sessions
+                    .get_or_insert(key, AUDIT_MAX_SESSIONS, make)
+                    .or_else(|| {
+                        self.sweep();
+                        self.sessions.get_or_insert(key, AUDIT_MAX_SESSIONS, make)
+                    })
+                else {
+                    return;
+                };
+                log
+            }
         };
         let mut calls = log.calls.lock().unwrap_or_else(PoisonError::into_inner);
         if calls.len() == AUDIT_PER_SESSION {
