@@ -89,6 +89,11 @@ pub const UPSTREAM_RETRIES: &str = "stormgate_upstream_retries_total";
 /// Requests the gateway's upstream gave no answer to, by `reason` (`upstream_unreachable`,
 /// `upstream_broken`, `upstream_timeout`).
 pub const GATEWAY_UPSTREAM_FAILURES: &str = "stormgate_gateway_upstream_failures_total";
+/// Connections a listener served by [`serve`](crate::serve) has open now.
+pub const CONNECTIONS_OPEN: &str = "stormgate_connections_open";
+/// Connections [`serve`](crate::serve) closed because no whole request head came within the
+/// header timeout (idle, or sending too slowly).
+pub const CONNECTIONS_TIMED_OUT: &str = "stormgate_connections_timed_out_total";
 /// The adaptive global budget, cost units per second.
 pub const BUDGET: &str = "stormgate_budget";
 /// Smoothed admitted cost per second.

@@ -13,7 +13,11 @@
 //! Logs go to stderr, filtered by `RUST_LOG` (targets and levels, e.g.
 //! `RUST_LOG=stormgate=debug,info`; default `info`). SIGTERM or SIGINT stops accepting
 //! connections and lets calls in flight finish for up to `--shutdown-grace-ms`
-//! (`STORMGATE_SHUTDOWN_GRACE_MS`, default 30 000), then the server exits 0.
+//! (`STORMGATE_SHUTDOWN_GRACE_MS`, default 30 000), then the server exits 0. A connection
+//! without a whole request head `--header-timeout-ms` after it opens or after its last answer
+//! is closed (`STORMGATE_HEADER_TIMEOUT_MS`, default 30 000), and at most `--max-connections`
+//! are open at once (`STORMGATE_MAX_CONNECTIONS`, default 10 000; see
+//! `stormgate::serve::Connections`).
 
 mod app;
 
@@ -39,6 +43,16 @@ fn flag(name: &str, env: &str) -> Option<String> {
         }
     }
     std::env::var(env).ok()
+}
+
+/// The whole number given as `--name` or in `env`, if either is.
+fn number(name: &str, env: &str) -> std::io::Result<Option<u64>> {
+    flag(name, env)
+        .map(|v| {
+            v.parse::<u64>()
+                .map_err(|e| std::io::Error::other(format!("{name}: {e}")))
+        })
+        .transpose()
 }
 
 #[tokio::main]
@@ -88,14 +102,15 @@ async fn main() -> std::io::Result<()> {
     if control.admin_router().is_some() {
         println!("admin routes: http://{local}/admin (bearer token from the configuration)");
     }
-    let grace = flag("--shutdown-grace-ms", "STORMGATE_SHUTDOWN_GRACE_MS")
-        .map(|v| {
-            v.parse::<u64>()
-                .map(Duration::from_millis)
-                .map_err(|e| std::io::Error::other(format!("--shutdown-grace-ms: {e}")))
-        })
-        .transpose()?
-        .unwrap_or(stormgate::serve::DEFAULT_GRACE);
-    stormgate::serve::serve(listener, app, grace).await?;
+    let grace = number("--shutdown-grace-ms", "STORMGATE_SHUTDOWN_GRACE_MS")?
+        .map_or(stormgate::serve::DEFAULT_GRACE, Duration::from_millis);
+    let mut connections = stormgate::serve::Connections::default();
+    if let Some(ms) = number("--header-timeout-ms", "STORMGATE_HEADER_TIMEOUT_MS")? {
+        connections = connections.header_timeout(Duration::from_millis(ms));
+    }
+    if let Some(n) = number("--max-connections", "STORMGATE_MAX_CONNECTIONS")? {
+        connections = connections.max_connections(usize::try_from(n).unwrap_or(usize::MAX));
+    }
+    stormgate::serve::serve_with(listener, app, grace, connections).await?;
     Ok(())
 }

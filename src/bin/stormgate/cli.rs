@@ -5,10 +5,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use stormgate::serve::Connections;
+
 pub(crate) const HELP: &str = "\
 stormgate: the stormgate stack in front of any streamable-HTTP MCP server
 
 usage: stormgate --upstream URL [--listen ADDR] [--config FILE] [--shutdown-grace-ms MS]
+                 [--header-timeout-ms MS] [--max-connections N]
        stormgate [--config FILE] [--upstream URL] --print-config
        stormgate --check-config FILE
 
@@ -19,6 +22,11 @@ usage: stormgate --upstream URL [--listen ADDR] [--config FILE] [--shutdown-grac
                           (env STORMGATE_CONFIG; default: built-in defaults, no reloads)
   --shutdown-grace-ms MS  how long calls in flight may finish after SIGTERM/SIGINT
                           (env STORMGATE_SHUTDOWN_GRACE_MS; default 30000)
+  --header-timeout-ms MS  a connection without a whole request head this long after it opens,
+                          or after its last answer, is closed (idle and slow clients)
+                          (env STORMGATE_HEADER_TIMEOUT_MS; default 30000)
+  --max-connections N     connections open at once; past it none is accepted until one closes
+                          (env STORMGATE_MAX_CONNECTIONS; default 10000)
   --print-config          print the configuration in effect (the file's, the flags', and every
                           default) as TOML, and exit
   --check-config FILE     check a configuration file: exit 0 if it can run, else 2 with the reason
@@ -49,6 +57,7 @@ pub(crate) struct Options {
     pub(crate) upstream: Option<String>,
     pub(crate) config: Option<PathBuf>,
     pub(crate) grace: Duration,
+    pub(crate) connections: Connections,
 }
 
 /// A command line that cannot run (exit code 2).
@@ -75,11 +84,13 @@ impl fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
-const FLAGS: [(&str, &str); 4] = [
+const FLAGS: [(&str, &str); 6] = [
     ("--listen", "STORMGATE_LISTEN"),
     ("--upstream", "STORMGATE_UPSTREAM"),
     ("--config", "STORMGATE_CONFIG"),
     ("--shutdown-grace-ms", "STORMGATE_SHUTDOWN_GRACE_MS"),
+    ("--header-timeout-ms", "STORMGATE_HEADER_TIMEOUT_MS"),
+    ("--max-connections", "STORMGATE_MAX_CONNECTIONS"),
 ];
 
 /// Parses `args` (without the program name); `env` reads an environment variable.
@@ -87,7 +98,7 @@ pub(crate) fn parse(
     args: impl IntoIterator<Item = String>,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Command, UsageError> {
-    let mut values: [Option<String>; 4] = Default::default();
+    let mut values: [Option<String>; 6] = Default::default();
     let mut print = false;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -127,7 +138,14 @@ pub(crate) fn parse(
             values[i] = env(var).filter(|v| !v.is_empty());
         }
     }
-    let [listen, upstream, config, grace] = values;
+    let [
+        listen,
+        upstream,
+        config,
+        grace,
+        header_timeout,
+        max_connections,
+    ] = values;
     let listen = listen.unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
     let listen = listen.parse().map_err(|_| UsageError::Invalid {
         flag: "--listen",
@@ -136,23 +154,49 @@ pub(crate) fn parse(
     })?;
     let grace = match grace {
         None => stormgate::serve::DEFAULT_GRACE,
-        Some(v) => Duration::from_millis(v.parse().map_err(|_| UsageError::Invalid {
-            flag: "--shutdown-grace-ms",
-            value: v.chars().take(64).collect(),
-            why: "not a number of milliseconds",
-        })?),
+        Some(v) => Duration::from_millis(number("--shutdown-grace-ms", &v, 0)?),
     };
+    let mut connections = Connections::default();
+    if let Some(v) = header_timeout {
+        connections = connections.header_timeout(Duration::from_millis(number(
+            "--header-timeout-ms",
+            &v,
+            1,
+        )?));
+    }
+    if let Some(v) = max_connections {
+        let n = number("--max-connections", &v, 1)?;
+        connections = connections.max_connections(usize::try_from(n).unwrap_or(usize::MAX));
+    }
     let options = Options {
         listen,
         upstream,
         config: config.map(PathBuf::from),
         grace,
+        connections,
     };
     Ok(if print {
         Command::Print(options)
     } else {
         Command::Run(options)
     })
+}
+
+/// The value of `flag` as a whole number of at least `min`.
+fn number(flag: &'static str, value: &str, min: u64) -> Result<u64, UsageError> {
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n >= min)
+        .ok_or_else(|| UsageError::Invalid {
+            flag,
+            value: value.chars().take(64).collect(),
+            why: if min == 0 {
+                "not a whole number"
+            } else {
+                "not a whole number of at least 1"
+            },
+        })
 }
 
 #[cfg(test)]
@@ -184,6 +228,15 @@ mod tests {
         assert_eq!(o.upstream.as_deref(), Some("http://a/mcp"));
         assert_eq!(o.config, Some(PathBuf::from("x.toml")));
         assert_eq!(o.grace, stormgate::serve::DEFAULT_GRACE);
+        assert_eq!(o.connections, Connections::default());
+        let Ok(Command::Run(o)) = run(
+            &["--max-connections", "500"],
+            &[("STORMGATE_HEADER_TIMEOUT_MS", "5000")],
+        ) else {
+            panic!()
+        };
+        assert_eq!(o.connections.max_connections, 500);
+        assert_eq!(o.connections.header_timeout, Duration::from_secs(5));
     }
 
     #[test]
@@ -203,6 +256,17 @@ mod tests {
                 ..
             })
         ));
+        for (flag, value) in [
+            ("--max-connections", "0"),
+            ("--header-timeout-ms", "0"),
+            ("--header-timeout-ms", "soon"),
+            ("--shutdown-grace-ms", "-1"),
+        ] {
+            assert!(
+                matches!(run(&[flag, value], &[]), Err(UsageError::Invalid { flag: f, .. }) if f == flag),
+                "{flag} {value}"
+            );
+        }
         assert!(matches!(run(&["-h"], &[]), Ok(Command::Help)));
         assert_eq!(
             run(&["--check-config"], &[]).unwrap_err(),

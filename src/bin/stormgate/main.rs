@@ -205,7 +205,7 @@ async fn run(options: cli::Options, config: Config, proxy: Proxy) -> ExitCode {
         admin = admin.is_some(),
         "stormgate gateway listening on http://{local}/mcp (metrics: http://{local}/metrics)"
     );
-    match stormgate::serve::serve(listener, app, options.grace).await {
+    match stormgate::serve::serve_with(listener, app, options.grace, options.connections).await {
         Ok(stopped) => {
             tracing::info!(?stopped, "stopped");
             ExitCode::SUCCESS
