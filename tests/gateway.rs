@@ -1464,3 +1464,101 @@ async fn a_client_that_goes_mid_call_gets_the_upstream_tool_cancelled_and_its_po
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// An upstream that answers each request on a connection as soon as its head has come and,
+/// when `answer` is false, closes without answering. After an answer it reads nothing more
+/// and closes the connection 20 ms later, as a server does at the end of its keep-alive,
+/// without `Connection: close`: a request sent on that connection meanwhile is never read.
+/// Counts the request heads it read.
+async fn closing_upstream(seen: Arc<AtomicUsize>, answer: bool) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut tcp = BufReader::new(tcp);
+                let mut line = String::new();
+                while tcp.read_line(&mut line).await.unwrap_or(0) > 0 {
+                    if line == "\r\n" {
+                        break;
+                    }
+                    line.clear();
+                }
+                seen.fetch_add(1, Ordering::SeqCst);
+                if !answer {
+                    return;
+                }
+                let body = r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tcp.get_mut().write_all(answer.as_bytes()).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            });
+        }
+    });
+    format!("http://{addr}/mcp")
+}
+
+/// `calls` tool calls from each of `clients` clients at once, one every 15 ms; the HTTP
+/// status of each, and whether it carried the upstream's result.
+async fn calls_to(url: &str, clients: u64, calls: u64) -> Vec<(StatusCode, bool)> {
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let url = url.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            for id in 0..calls {
+                let call = json!({"jsonrpc": "2.0", "id": c * 1000 + id, "method": "tools/call",
+                                  "params": {"name": "echo", "arguments": {"text": "x"}}});
+                let answer = client().request(post(&url, &call, &[])).await.unwrap();
+                let (status, _, body) = json_of(answer).await;
+                statuses.push((status, body.get("result").is_some()));
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+            statuses
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.extend(t.await.unwrap());
+    }
+    statuses
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_the_upstream_closed_is_not_the_next_clients_error() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let upstream = closing_upstream(seen.clone(), true).await;
+    // Measuring only: what is under test is the proxy, not the budgets.
+    let measuring = || Config {
+        mode: Mode::Off,
+        ..Config::default()
+    };
+    let (url, _control) = gateway(&upstream, measuring()).await;
+    let statuses = calls_to(&url, 8, 50).await;
+    let answered = statuses
+        .iter()
+        .filter(|s| **s == (StatusCode::OK, true))
+        .count();
+    assert_eq!(
+        answered, 400,
+        "calls answered 502 for a connection the upstream had closed"
+    );
+    // Each ran once: a call sent again had not been read on the dead connection.
+    assert_eq!(seen.load(Ordering::SeqCst), 400);
+
+    // A fresh connection the upstream closes after reading the request is its failure: 502,
+    // and the request is not sent twice (it may have run).
+    let seen = Arc::new(AtomicUsize::new(0));
+    let upstream = closing_upstream(seen.clone(), false).await;
+    let (url, _control) = gateway(&upstream, measuring()).await;
+    assert_eq!(
+        calls_to(&url, 1, 5).await,
+        vec![(StatusCode::BAD_GATEWAY, false); 5]
+    );
+    assert_eq!(seen.load(Ordering::SeqCst), 5);
+}

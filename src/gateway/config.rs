@@ -54,7 +54,10 @@ pub struct GatewayConfig {
     #[serde(rename = "request_timeout_ms", with = "crate::duration_ms")]
     pub request_timeout: Duration,
     /// How long an idle pooled connection to the upstream is kept (`pool_idle_timeout_ms`).
-    /// Default 90 000 ms.
+    /// Default 4 000 ms: below the keep-alive timeout of the usual servers (5 s for uvicorn
+    /// and Node), so the pool lets a connection go before the upstream closes it; a request
+    /// that still meets a connection the upstream closed is sent again on a fresh one
+    /// ([`Proxy`](super::Proxy)).
     #[serde(rename = "pool_idle_timeout_ms", with = "crate::duration_ms")]
     pub pool_idle_timeout: Duration,
     /// Idle connections kept to the upstream at most. Default 64.
@@ -79,7 +82,7 @@ impl Default for GatewayConfig {
             upstream: None,
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(60),
-            pool_idle_timeout: Duration::from_secs(90),
+            pool_idle_timeout: Duration::from_secs(4),
             pool_max_idle: 64,
             forward_headers: Vec::new(),
             allowed_hosts: Vec::new(),

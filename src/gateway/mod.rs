@@ -27,6 +27,7 @@
 
 mod cancel;
 mod config;
+mod connector;
 mod hosts;
 mod proxy;
 

@@ -11,15 +11,17 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::body::Body;
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{CaptureConnection, HttpConnector, capture_connection};
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::value::RawValue;
 
 use super::cancel::{Cancel, CancelOnDrop};
 use super::config::{GatewayConfig, parse_upstream};
+use super::connector::{Answered, Stamped};
 use crate::call::{CallKind, Calls};
 use crate::error::ConfigError;
 
@@ -108,7 +110,10 @@ impl fmt::Display for UpstreamFailure {
 
 /// The upstream and the client that reaches it, shared by every request of one proxy.
 pub(super) struct Upstream {
-    client: Client<HttpConnector, Body>,
+    client: Client<Stamped, Body>,
+    /// The same without a pool: every request on a connection of its own, for the one retry
+    /// of a request that met a dead pooled connection ([`Again`]).
+    fresh: Client<Stamped, Body>,
     /// `scheme://authority`, for every request.
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
@@ -170,6 +175,12 @@ impl Upstream {
 /// * Request headers: the ones in [`FORWARDED`], plus the credentials named in
 ///   `forward_headers`; `Host` is the upstream's. Answer headers: all but the hop-by-hop
 ///   ones.
+/// * A request that met a pooled connection the upstream had closed (its keep-alive ended
+///   while the connection sat idle) is sent again, once, on a fresh connection: only when
+///   it failed before any byte of an answer, on a connection that had carried an answer
+///   before, and its whole body is at hand (see `pool_idle_timeout_ms`, which lets idle
+///   connections go before the usual servers close them). A fresh connection that breaks is
+///   the upstream's failure, and nothing is sent twice.
 /// * No answer from the upstream: 502 (unreachable, broken) or 504 (no headers within
 ///   `request_timeout_ms`) with a JSON-RPC error per request id of the body
 ///   ([`UPSTREAM_ERROR_CODE`], `data.reason` from [`UpstreamFailure::as_str`]); `id: null`
@@ -223,10 +234,14 @@ impl Proxy {
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(config.pool_idle_timeout)
             .pool_max_idle_per_host(config.pool_max_idle)
-            .build(connector);
+            .build(Stamped(connector.clone()));
+        let fresh = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build(Stamped(connector));
         Ok(Proxy {
             upstream: Arc::new(Upstream {
                 client,
+                fresh,
                 scheme,
                 authority,
                 path_and_query,
@@ -374,7 +389,7 @@ pin_project_lite::pin_project! {
     /// cancels its calls upstream (`notifications/cancelled`).
     pub struct ProxyFuture {
         #[pin]
-        sent: tokio::time::Timeout<ResponseFuture>,
+        sent: tokio::time::Timeout<Attempts>,
         calls: Option<Calls>,
         method: http::Method,
         upstream: Arc<Upstream>,
@@ -435,6 +450,97 @@ impl Future for ProxyFuture {
     }
 }
 
+/// What is needed to send a request again on a fresh connection: it met a pooled connection
+/// the upstream had closed (an upstream closes an idle keep-alive connection at its own
+/// timeout, and a request sent on it at that moment is never read). Only a request whose
+/// whole body is at hand is sent again (none, or the body the classifier read, unchanged),
+/// and only when it failed before any byte of an answer, on a connection the pool reused:
+/// a fresh connection that fails is the upstream's failure, answered 502. A request the
+/// upstream did read before its connection broke would run twice: an upstream closes an
+/// idle connection, not one it is reading from, and the pool drops idle connections after
+/// `pool_idle_timeout_ms` (4 s, under the usual servers' 5 s) so that it rarely meets one.
+struct Again {
+    method: http::Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+    /// The connection it went out on.
+    connection: CaptureConnection,
+}
+
+impl Again {
+    /// What sending `out` again takes, if it can be (its body at hand): `calls` are the
+    /// classifier's for it.
+    fn of(out: &mut Request<Body>, calls: Option<&Calls>) -> Option<Again> {
+        let size = http_body::Body::size_hint(out.body()).exact()?;
+        let body = match calls {
+            _ if size == 0 => Bytes::new(),
+            Some(calls) if calls.body.len() as u64 == size => calls.body.clone(),
+            _ => return None,
+        };
+        Some(Again {
+            method: out.method().clone(),
+            uri: out.uri().clone(),
+            headers: out.headers().clone(),
+            body,
+            connection: capture_connection(out),
+        })
+    }
+
+    /// The answer count of the connection it went out on, once it has one.
+    fn connection(&self) -> Option<Answered> {
+        let connection = self.connection.connection_metadata();
+        let mut extras = http::Extensions::new();
+        connection.as_ref()?.get_extras(&mut extras);
+        extras.get::<Answered>().cloned()
+    }
+
+    /// Whether the connection it failed on had carried an answer before: one the pool reused.
+    fn reused(&self) -> bool {
+        self.connection().is_some_and(|c| c.any())
+    }
+
+    fn request(self) -> Request<Body> {
+        let mut req = Request::new(Body::from(self.body));
+        *req.method_mut() = self.method;
+        *req.uri_mut() = self.uri;
+        *req.headers_mut() = self.headers;
+        req
+    }
+}
+
+/// The upstream request: sent once, and once more on a fresh connection when it met a
+/// dead pooled one ([`Again`]).
+struct Attempts {
+    current: ResponseFuture,
+    again: Option<Again>,
+    upstream: Arc<Upstream>,
+}
+
+impl Future for Attempts {
+    type Output = Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match ready!(Pin::new(&mut self.current).poll(cx)) {
+                Err(e) if !e.is_connect() && self.again.as_ref().is_some_and(Again::reused) => {
+                    let again = self.again.take().expect("checked just above");
+                    tracing::debug!(error = %e, "a pooled upstream connection was dead; sending again");
+                    self.current = self.upstream.fresh.request(again.request());
+                }
+                answered => {
+                    if answered.is_ok()
+                        && let Some(again) = &self.again
+                    {
+                        again.connection().inspect(Answered::count);
+                    }
+                    return Poll::Ready(answered);
+                }
+            }
+        }
+    }
+}
+
 impl tower::Service<Request<Body>> for Proxy {
     type Response = Response<Body>;
     type Error = Infallible;
@@ -454,7 +560,16 @@ impl tower::Service<Request<Body>> for Proxy {
         } else {
             None
         };
-        let sent = tokio::time::timeout(upstream.request_timeout, upstream.client.request(out));
+        let mut out = out;
+        let again = Again::of(&mut out, calls.as_ref());
+        let sent = tokio::time::timeout(
+            upstream.request_timeout,
+            Attempts {
+                current: upstream.client.request(out),
+                again,
+                upstream: upstream.clone(),
+            },
+        );
         ProxyFuture {
             sent,
             calls,
