@@ -761,8 +761,8 @@ fn the_binary_refuses_bad_input_with_exit_code_2_and_a_message() {
         (&["--upstream", "ftp://x/mcp"], &[], "gateway.upstream"),
         (
             &[],
-            &[("STORMGATE_UPSTREAM", "https://x/mcp")],
-            "https upstreams are not supported",
+            &[("STORMGATE_UPSTREAM", "ws://x/mcp")],
+            "is not an http:// or https:// URL",
         ),
         (
             &[
@@ -1561,4 +1561,119 @@ async fn a_pooled_connection_the_upstream_closed_is_not_the_next_clients_error()
         vec![(StatusCode::BAD_GATEWAY, false); 5]
     );
     assert_eq!(seen.load(Ordering::SeqCst), 5);
+}
+
+/// A CA of the test's own, and a certificate it signed for `names`: the CA's PEM, and the
+/// TLS settings of a server presenting the certificate.
+#[cfg(feature = "tls")]
+fn private_ca(names: &[&str]) -> (String, Arc<tokio_rustls::rustls::ServerConfig>) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    let cert = CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let server = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key)
+        .unwrap();
+    (ca.pem(), Arc::new(server))
+}
+
+/// [`jsonrpc_upstream`] over TLS with `server`; its port.
+#[cfg(feature = "tls")]
+async fn tls_upstream(server: Arc<tokio_rustls::rustls::ServerConfig>) -> u16 {
+    use tower::ServiceExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let acceptor = tokio_rustls::TlsAcceptor::from(server);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return; // the gateway refused our certificate
+                };
+                let service = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| {
+                    jsonrpc_upstream().oneshot(req.map(Body::new))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn an_https_upstream_is_reached_when_its_certificate_chains_to_a_known_ca_for_its_name() {
+    let dir = std::env::temp_dir().join(format!("stormgate-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, server) = private_ca(&["localhost"]);
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let port = tls_upstream(server).await;
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                      "params": {"name": "echo", "arguments": {"text": "x"}}});
+    let with_ca = |ca_file: Option<std::path::PathBuf>| Config {
+        gateway: Some(GatewayConfig {
+            ca_file,
+            ..GatewayConfig::default()
+        }),
+        ..Config::default()
+    };
+    // The private CA given: answered through TLS, the name checked (`localhost`, sent as SNI).
+    let (url, _control) = gateway(
+        &format!("https://localhost:{port}/mcp"),
+        with_ca(Some(ca_file.clone())),
+    )
+    .await;
+    let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["result"]["content"][0]["text"], "ok", "{body}");
+    // Only the bundled roots: the certificate is not trusted, 502 before anything is sent.
+    let (url, _control) = gateway(&format!("https://localhost:{port}/mcp"), with_ca(None)).await;
+    let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(body["error"]["data"]["reason"], "upstream_unreachable");
+    assert_eq!(body["id"], 3);
+    // The right CA, another name: the certificate is for `localhost`, not `127.0.0.1`.
+    let (url, _control) = gateway(
+        &format!("https://127.0.0.1:{port}/mcp"),
+        with_ca(Some(ca_file.clone())),
+    )
+    .await;
+    let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+
+    // A CA file that is missing, or holds no certificate, is refused when the proxy is built.
+    let empty = dir.join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").unwrap();
+    for (file, says) in [
+        (dir.join("missing.pem"), "missing.pem"),
+        (empty, "no certificate"),
+    ] {
+        let gw = GatewayConfig {
+            upstream: Some(format!("https://localhost:{port}/mcp")),
+            ca_file: Some(file),
+            ..GatewayConfig::default()
+        };
+        let e = Proxy::new(&gw).unwrap_err();
+        assert_eq!(e.field, "gateway.ca_file");
+        assert!(e.to_string().contains(says), "{e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -338,7 +338,7 @@ mod tests {
         assert_eq!(g.upstream.as_deref(), Some("http://127.0.0.1:8000/mcp"));
         assert_eq!(g.request_timeout, std::time::Duration::from_secs(60));
         for (text, field) in [
-            ("upstream = \"https://x/mcp\"", "gateway.upstream"),
+            ("upstream = \"ws://x/mcp\"", "gateway.upstream"),
             ("upstream = \"not a url\"", "gateway.upstream"),
             ("upstream = \"http:///mcp\"", "gateway.upstream"),
             ("connect_timeout_ms = 0", "gateway.connect_timeout_ms"),
@@ -354,6 +354,15 @@ mod tests {
         ] {
             let err = Config::from_toml(&format!("[gateway]\n{text}\n")).unwrap_err();
             assert_eq!(err.config_error().unwrap().field, field, "{text}: {err}");
+        }
+        // https: with the `tls` feature; without it, refused by name.
+        let https = Config::from_toml("[gateway]\nupstream = \"https://x/mcp\"\n");
+        if cfg!(feature = "tls") {
+            assert!(https.is_ok());
+        } else {
+            let err = https.unwrap_err();
+            assert_eq!(err.config_error().unwrap().field, "gateway.upstream");
+            assert!(err.to_string().contains("`tls` feature"), "{err}");
         }
         assert!(Config::from_toml("").unwrap().gateway.is_none());
     }

@@ -1,6 +1,7 @@
 //! The `[gateway]` settings: where the upstream MCP server is, how long the proxy waits for
 //! it, its connection pool, and which credentials pass through.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -40,10 +41,16 @@ pub const MAX_UPSTREAM_LEN: usize = 2048;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
-    /// The upstream MCP endpoint, `http://host:port/path` (the binary's `--upstream` or
-    /// `STORMGATE_UPSTREAM` sets it too; given both ways, they must agree). Plain HTTP only: this build has no TLS
-    /// client (run the gateway next to its server). Absent: no upstream configured.
+    /// The upstream MCP endpoint, `http://host:port/path` or `https://host:port/path` (the
+    /// binary's `--upstream` or `STORMGATE_UPSTREAM` sets it too; given both ways, they must
+    /// agree). `https` needs the `tls` feature (on with `cli`, the binary's): the upstream's
+    /// certificate is checked against the bundled Mozilla roots and [`ca_file`](Self::ca_file)
+    /// for the URL's host (sent as SNI). Absent: no upstream configured.
     pub upstream: Option<String>,
+    /// A PEM file of CA certificates an `https` upstream's certificate may also chain to (a
+    /// private CA), besides the bundled roots. Read when the proxy is built: a file that cannot
+    /// be read or holds no certificate is an error then. Default none.
+    pub ca_file: Option<PathBuf>,
     /// How long a TCP connection to the upstream may take (`connect_timeout_ms`). Default
     /// 2000 ms; a connection not made by then is answered 502.
     #[serde(rename = "connect_timeout_ms", with = "crate::duration_ms")]
@@ -80,6 +87,7 @@ impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
             upstream: None,
+            ca_file: None,
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(60),
             pool_idle_timeout: Duration::from_secs(4),
@@ -90,8 +98,8 @@ impl Default for GatewayConfig {
     }
 }
 
-/// The upstream URL, checked: `http`, with a host and a path, at most [`MAX_UPSTREAM_LEN`]
-/// bytes.
+/// The upstream URL, checked: `http` (or `https` with the `tls` feature), with a host and a
+/// path, at most [`MAX_UPSTREAM_LEN`] bytes.
 pub(crate) fn parse_upstream(url: &str) -> Result<http::Uri, ConfigError> {
     let field = "gateway.upstream";
     if url.len() > MAX_UPSTREAM_LEN {
@@ -105,17 +113,17 @@ pub(crate) fn parse_upstream(url: &str) -> Result<http::Uri, ConfigError> {
         .map_err(|_| ConfigError::new(field, format!("{url:?} is not a URL")))?;
     match uri.scheme_str() {
         Some("http") => {}
+        Some("https") if cfg!(feature = "tls") => {}
         Some("https") => {
             return Err(ConfigError::new(
                 field,
-                "https upstreams are not supported (this build has no TLS client): \
-                 run the gateway next to its server over http",
+                "https upstreams need the `tls` feature (this build has no TLS client)",
             ));
         }
         _ => {
             return Err(ConfigError::new(
                 field,
-                format!("{url:?} is not an http:// URL"),
+                format!("{url:?} is not an http:// or https:// URL"),
             ));
         }
     }

@@ -11,9 +11,7 @@ use std::task::{Context, Poll};
 
 use http::Uri;
 use hyper::rt::{Read, ReadBufCursor, Write};
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use hyper_util::client::legacy::connect::{Connected, Connection};
 
 /// The answers a connection carried, in its [`Connected`] extras (every copy of the extras
 /// shares the count).
@@ -32,21 +30,26 @@ impl Answered {
     }
 }
 
-/// [`HttpConnector`], its connections counting their answers ([`Answered`]).
+/// A connector (plain, or TLS over plain), its connections counting their answers
+/// ([`Answered`]).
 #[derive(Debug, Clone)]
-pub(super) struct Stamped(pub(super) HttpConnector);
+pub(super) struct Stamped<C>(pub(super) C);
 
 /// A connection to the upstream and its count of answers.
 #[derive(Debug)]
-pub(super) struct StampedIo {
-    io: TokioIo<TcpStream>,
+pub(super) struct StampedIo<T> {
+    io: T,
     answered: Answered,
 }
 
-impl tower::Service<Uri> for Stamped {
-    type Response = StampedIo;
-    type Error = <HttpConnector as tower::Service<Uri>>::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<StampedIo, Self::Error>> + Send>>;
+impl<C> tower::Service<Uri> for Stamped<C>
+where
+    C: tower::Service<Uri>,
+    C::Future: Send + 'static,
+{
+    type Response = StampedIo<C::Response>;
+    type Error = C::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, C::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.0.poll_ready(cx)
@@ -64,13 +67,13 @@ impl tower::Service<Uri> for Stamped {
     }
 }
 
-impl Connection for StampedIo {
+impl<T: Connection> Connection for StampedIo<T> {
     fn connected(&self) -> Connected {
         self.io.connected().extra(self.answered.clone())
     }
 }
 
-impl Read for StampedIo {
+impl<T: Read + Unpin> Read for StampedIo<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -80,7 +83,7 @@ impl Read for StampedIo {
     }
 }
 
-impl Write for StampedIo {
+impl<T: Write + Unpin> Write for StampedIo<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -108,12 +108,77 @@ impl fmt::Display for UpstreamFailure {
     }
 }
 
+/// How the proxy reaches its upstream: TCP, and TLS over it for `https` (feature `tls`).
+#[cfg(feature = "tls")]
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+/// How the proxy reaches its upstream: TCP (`http` only without the `tls` feature).
+#[cfg(not(feature = "tls"))]
+type Connector = HttpConnector;
+
+/// The upstream's connector: TCP with the connect timeout and `TCP_NODELAY`; with the `tls`
+/// feature, TLS for `https` URLs, the certificate checked for the URL's host against the
+/// bundled Mozilla roots and `ca_file`.
+fn connector(config: &GatewayConfig) -> Result<Connector, ConfigError> {
+    let mut tcp = HttpConnector::new();
+    tcp.set_connect_timeout(Some(config.connect_timeout));
+    tcp.set_nodelay(true);
+    #[cfg(feature = "tls")]
+    {
+        tcp.enforce_http(false);
+        Ok(hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(config.ca_file.as_deref())?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp))
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        if config.ca_file.is_some() {
+            return Err(ConfigError::new(
+                "gateway.ca_file",
+                "needs the `tls` feature (this build has no TLS client)",
+            ));
+        }
+        Ok(tcp)
+    }
+}
+
+/// The TLS client settings: the bundled Mozilla roots and the certificates of `ca_file`.
+#[cfg(feature = "tls")]
+fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, ConfigError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let field = "gateway.ca_file";
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let shown = path.display();
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+            .map_err(|e| ConfigError::new(field, format!("{shown}: {e}")))?;
+        if certs.is_empty() {
+            return Err(ConfigError::new(field, format!("{shown}: no certificate")));
+        }
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| ConfigError::new(field, format!("{shown}: {e}")))?;
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ConfigError::new(field, e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
 /// The upstream and the client that reaches it, shared by every request of one proxy.
 pub(super) struct Upstream {
-    client: Client<Stamped, Body>,
+    client: Client<Stamped<Connector>, Body>,
     /// The same without a pool: every request on a connection of its own, for the one retry
     /// of a request that met a dead pooled connection ([`Again`]).
-    fresh: Client<Stamped, Body>,
+    fresh: Client<Stamped<Connector>, Body>,
     /// `scheme://authority`, for every request.
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
@@ -227,9 +292,7 @@ impl Proxy {
             .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
         let host = HeaderValue::from_str(authority.as_str())
             .map_err(|_| ConfigError::new("gateway.upstream", "the host is not a header value"))?;
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.set_nodelay(true);
+        let connector = connector(config)?;
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(config.pool_idle_timeout)
