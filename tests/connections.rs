@@ -2,7 +2,8 @@
 //! loopback, paused clock: exact): a connection that has not sent a whole request head within
 //! the header timeout is closed, whether it sends nothing, trickles a byte at a time, or idles
 //! after an answer; a request whose head has arrived is never cut by it; and the connections
-//! open at once are capped, counted in `/metrics`.
+//! open at once are capped, counted in `/metrics`. Request smuggling variants and oversized
+//! heads are refused (400, 431) and their connection closed.
 
 #![cfg(unix)]
 
@@ -205,4 +206,71 @@ async fn limits_that_cannot_serve_are_refused() {
             other => panic!("{other:?}"),
         }
     }
+}
+
+/// What the server answered to `request` on one connection, read until it closed it.
+async fn answers_to(addr: SocketAddr, request: &[u8]) -> String {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    // The server may answer and close before all of a huge request is written.
+    let _ = tcp.write_all(request).await;
+    until_closed(&mut tcp).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn smuggling_variants_and_oversized_heads_are_refused_and_the_connection_closed() {
+    let app = Router::new().route("/", axum::routing::post(|body: String| async move { body }));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve_with(
+        listener,
+        app,
+        Duration::from_secs(1),
+        Connections::default(),
+    ));
+    let many_headers: String = (0..200).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let huge_header = format!("x-big: {}\r\n", "a".repeat(1 << 20));
+    let cases: [(&str, String, &str); 4] = [
+        (
+            "two different Content-Lengths",
+            "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello!"
+                .into(),
+            "HTTP/1.1 400",
+        ),
+        (
+            "a Transfer-Encoding other than chunked last",
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked, identity\r\n\r\n0\r\n\r\n"
+                .into(),
+            "HTTP/1.1 400",
+        ),
+        (
+            "200 header fields",
+            format!("POST / HTTP/1.1\r\nhost: x\r\n{many_headers}content-length: 0\r\n\r\n"),
+            "HTTP/1.1 431",
+        ),
+        (
+            "a 1 MiB header",
+            format!("POST / HTTP/1.1\r\nhost: x\r\n{huge_header}content-length: 0\r\n\r\n"),
+            "HTTP/1.1 431",
+        ),
+    ];
+    for (what, request, expected) in cases {
+        let answers = answers_to(addr, request.as_bytes()).await;
+        assert!(answers.starts_with(expected), "{what}: {answers:?}");
+        assert_eq!(
+            answers.matches("HTTP/1.1").count(),
+            1,
+            "{what}: one answer, then closed"
+        );
+    }
+    // Content-Length and Transfer-Encoding both: chunked framing wins (RFC 9112, 6.3), the
+    // request is answered with `connection: close`, and nothing after it is read as another.
+    let answers = answers_to(
+        addr,
+        b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\nPOST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi",
+    )
+    .await;
+    assert_eq!(answers.matches("HTTP/1.1").count(), 1, "{answers:?}");
+    assert!(answers.starts_with("HTTP/1.1 200"), "{answers:?}");
+    assert!(answers.contains("connection: close\r\n"), "{answers:?}");
+    assert!(answers.contains("content-length: 0\r\n"), "{answers:?}");
 }
