@@ -1677,3 +1677,81 @@ async fn an_https_upstream_is_reached_when_its_certificate_chains_to_a_known_ca_
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_abandoned_call_is_cancelled_upstream_exactly_once() {
+    // Calls never end; notifications are taken at once and kept.
+    let running = Arc::new(AtomicUsize::new(0));
+    let notified = Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let (seen, kept) = (running.clone(), notified.clone());
+    let upstream = common::serve(Router::new().route(
+        "/mcp",
+        any(move |body: String| {
+            let (seen, kept) = (seen.clone(), kept.clone());
+            async move {
+                let message: Value = serde_json::from_str(&body).unwrap_or_default();
+                if message.get("id").is_none() {
+                    kept.lock().unwrap().push(message);
+                    return StatusCode::ACCEPTED;
+                }
+                seen.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                StatusCode::OK
+            }
+        }),
+    ))
+    .await;
+    let measuring = Config {
+        mode: Mode::Off,
+        ..Config::default()
+    };
+    let (url, _control) = gateway(&format!("http://{upstream}/mcp"), measuring).await;
+    const CALLS: usize = 400;
+    let clients: Vec<_> = (0..CALLS)
+        .map(|i| {
+            let call = json!({"jsonrpc": "2.0", "id": format!("call-{i}"), "method": "tools/call",
+                              "params": {"name": "slow", "arguments": {}}});
+            let req = post(&url, &call, &[]);
+            tokio::spawn(async move { client().request(req).await })
+        })
+        .collect();
+    // Bounded waits of 30 s: 400 connections on a loaded machine take a while.
+    let within = |what: &'static str, cond: Box<dyn Fn() -> bool + Send>| async move {
+        for _ in 0..600 {
+            if cond() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{what} did not happen within 30 s");
+    };
+    let r = running.clone();
+    within(
+        "every call running upstream",
+        Box::new(move || r.load(Ordering::SeqCst) == CALLS),
+    )
+    .await;
+    // Every client goes away.
+    for c in &clients {
+        c.abort();
+    }
+    let n = notified.clone();
+    within(
+        "every call cancelled upstream",
+        Box::new(move || n.lock().unwrap().len() >= CALLS),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let notified = notified.lock().unwrap();
+    assert_eq!(notified.len(), CALLS, "exactly one each");
+    let mut ids: Vec<String> = notified
+        .iter()
+        .map(|n| {
+            assert_eq!(n["method"], "notifications/cancelled");
+            n["params"]["requestId"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), CALLS, "one for each call");
+}
