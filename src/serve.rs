@@ -22,10 +22,9 @@ use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-
-use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
