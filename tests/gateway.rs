@@ -735,6 +735,9 @@ fn bin() -> std::process::Command {
         "STORMGATE_UPSTREAM",
         "STORMGATE_CONFIG",
         "STORMGATE_SHUTDOWN_GRACE_MS",
+        "STORMGATE_HEADER_TIMEOUT_MS",
+        "STORMGATE_MAX_CONNECTIONS",
+        "RUST_LOG",
     ] {
         c.env_remove(var);
     }
@@ -1754,4 +1757,72 @@ async fn every_abandoned_call_is_cancelled_upstream_exactly_once() {
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), CALLS, "one for each call");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_gives_each_request_an_id_and_never_logs_credentials() {
+    let upstream = common::serve(echo_headers_upstream()).await;
+    let config = std::env::temp_dir().join(format!("stormgate-gw-ids-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        "[gateway]\nforward_headers = [\"authorization\"]\n",
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::from(bin())
+        .arg("--config")
+        .arg(&config)
+        .env("STORMGATE_LISTEN", "127.0.0.1:0")
+        .env("STORMGATE_UPSTREAM", format!("http://{upstream}/mcp"))
+        // Everything logged, down to debug, from every crate.
+        .env("RUST_LOG", "debug")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (addr, logs) = listening(&mut child).await;
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let req = post(
+            &format!("http://{addr}/mcp"),
+            &list,
+            &[
+                ("authorization", "Bearer sup3r-s3cret-token"),
+                ("cookie", "session=sup3r-s3cret-cookie"),
+                ("x-request-id", "a-client-chosen-id"),
+            ],
+        );
+        let (status, headers, body) = json_of(client().request(req).await.unwrap()).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        // The listed credential reached the upstream; the cookie did not.
+        assert_eq!(
+            body["result"]["headers"]["authorization"],
+            "Bearer sup3r-s3cret-token"
+        );
+        assert!(body["result"]["headers"].get("cookie").is_none(), "{body}");
+        let id = headers["x-request-id"].to_str().unwrap().to_owned();
+        assert_ne!(id, "a-client-chosen-id", "the id is the gateway's own");
+        ids.push(id);
+    }
+    assert_ne!(ids[0], ids[1], "one id per request");
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exits within 10 s of SIGTERM")
+        .unwrap();
+    let logs = logs.await.unwrap();
+    for id in &ids {
+        assert!(
+            logs.contains(id.as_str()),
+            "the request's id is in its logs: {logs}"
+        );
+    }
+    for secret in ["sup3r-s3cret", "a-client-chosen-id"] {
+        assert!(!logs.contains(secret), "{secret} logged: {logs}");
+    }
+    let _ = std::fs::remove_file(&config);
 }

@@ -11,6 +11,7 @@
 //! that cannot run exits 2 with the reason on stderr; a failure while serving exits 1.
 
 mod cli;
+mod http;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -184,6 +185,7 @@ async fn run(options: cli::Options, config: Config, proxy: Proxy) -> ExitCode {
         &allowed,
         options.listen.ip().is_loopback(),
     )));
+    let app = http::around(app);
     let listener = match tokio::net::TcpListener::bind(options.listen).await {
         Ok(listener) => listener,
         Err(e) => {
