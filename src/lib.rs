@@ -98,3 +98,32 @@ pub use rejection::{Reason, Rejection, RejectionFormat, Scope};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The Rust snippets of each page under docs/, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/identity.md")]
+struct IdentityDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/fifo.md")]
+struct FifoDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/budgets.md")]
+struct BudgetsDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/distributed.md")]
+struct DistributedDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/resilience.md")]
+struct ResilienceDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/operations.md")]
+struct OperationsDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/threat-model.md")]
+struct ThreatModelDoctests;
