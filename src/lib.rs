@@ -99,6 +99,11 @@ pub use rejection::{Reason, Rejection, RejectionFormat, Scope};
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+/// ARCHITECTURE.md's Rust snippets, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../ARCHITECTURE.md")]
+struct ArchitectureDoctests;
+
 /// The Rust snippets of each page under docs/, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../docs/identity.md")]
