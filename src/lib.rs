@@ -33,7 +33,7 @@
 //!   with a bounded graceful drain on SIGTERM / SIGINT.
 //!
 //! The order of the stack, outermost first: classify, budget, session guard, FIFO limiter,
-//! outcome, the MCP service (see the README for the whole stack in code).
+//! outcome, the MCP service (docs/budgets.md builds the whole stack by hand, in code).
 //!
 //! ```
 //! use std::time::Duration;

@@ -330,8 +330,8 @@ impl Control {
 
     /// Applies a configuration document (TOML, or JSON starting with `{`) that replaces the
     /// running one. It is refused when empty, or when it leaves out a top-level key the
-    /// running configuration sets, unless it says `replace = true` (see the README's Control
-    /// section); from [`Source::Admin`] it is also refused when it would remove the admin
+    /// running configuration sets, unless it says `replace = true` (see docs/operations.md,
+    /// "Reloads"); from [`Source::Admin`] it is also refused when it would remove the admin
     /// token.
     pub fn reload_document(&self, text: &str, source: Source) -> Result<(), ControlError> {
         self.change(source, |running| replacement(running, text))
