@@ -329,6 +329,8 @@ mod tests {
             }
             let settings = Settings::new(BudgetConfig::default(), config, &CostConfig::default());
             let secs = settings.config.sample_interval.as_secs_f64();
+            // A tenant's demand as its tick reads it: the whole units asked within the tick.
+            let fed = |d: u32| (f64::from(d) * secs) as u64;
             let all = Tenants::new(budget, Arc::new(metrics::Labels::default()));
             let clients = fair::Clients::new();
             let leases = LeaseGate::default();
@@ -344,7 +346,7 @@ mod tests {
                     let usage = clients.get((t * 100 + s) as u64, state.group, now).unwrap();
                     let cost = f64::from(demand) * fair::MEMORY.as_secs_f64();
                     fair::Clients::ask(&usage, now, cost, &state.fair);
-                    state.demand.fetch_add((f64::from(demand) * secs) as u64, Ordering::Relaxed);
+                    state.demand.fetch_add(fed(demand), Ordering::Relaxed);
                     usages.push(usage);
                 }
                 states.push((state, usages));
@@ -353,7 +355,10 @@ mod tests {
 
             let totals: Vec<(f64, f64)> = tenants
                 .iter()
-                .map(|(w, s)| (f64::from(*w), s.iter().map(|&d| f64::from(d)).sum()))
+                .map(|(w, s)| {
+                    let units: u64 = s.iter().map(|&d| fed(d)).sum();
+                    (f64::from(*w), units as f64 / secs)
+                })
                 .collect();
             let weights: f64 = totals.iter().map(|t| t.0).sum();
             let parts = shares(budget, &totals);
