@@ -103,43 +103,41 @@ impl Audit {
     }
 
     fn record(&self, call: &Call, entry: Invocation) {
-        let key = self.sessions.key(call.session.as_str());
-        let log = match self.sessions.get(key) {
-            Some(log) => log,
-            // A session gets a log only while the guard tracks it.
-            None if self
-                .guard
-                .as_ref()
-                .is_some_and(|guard| !guard.is_tracked(&call.session)) =>
-            {
-                return;
-            }
-            None => {
-                let make = || {
-                    Arc::new(Log {
-                        session: call.session.clone(),
-                        calls: Mutex::new(VecDeque::new()),
-                    })
-                };
-                // Full: forget the sessions the guard no longer tracks, then try once more.
-                let Some(log) = self
-                    .sessions
-                    .get_or_insert(key, AUDIT_MAX_SESSIONS, make)
-                    .or_else(|| {
-                        self.sweep();
-                        self.sessions.get_or_insert(key, AUDIT_MAX_SESSIONS, make)
-                    })
-                else {
-                    return;
-                };
-                log
-            }
+        let Some(log) = self.log_of(call) else {
+            return;
         };
         let mut calls = log.calls.lock().unwrap_or_else(PoisonError::into_inner);
         if calls.len() == AUDIT_PER_SESSION {
             calls.pop_front();
         }
         calls.push_back(entry);
+    }
+
+    /// The log of `call`'s session: the one it has, else a new one if the guard tracks the
+    /// session and a place is free (when none is, after forgetting the sessions the guard no
+    /// longer tracks).
+    fn log_of(&self, call: &Call) -> Option<Arc<Log>> {
+        let key = self.sessions.key(call.session.as_str());
+        if let Some(log) = self.sessions.get(key) {
+            return Some(log);
+        }
+        if let Some(guard) = &self.guard
+            && !guard.is_tracked(&call.session)
+        {
+            return None;
+        }
+        let make = || {
+            Arc::new(Log {
+                session: call.session.clone(),
+                calls: Mutex::new(VecDeque::new()),
+            })
+        };
+        self.sessions
+            .get_or_insert(key, AUDIT_MAX_SESSIONS, make)
+            .or_else(|| {
+                self.sweep();
+                self.sessions.get_or_insert(key, AUDIT_MAX_SESSIONS, make)
+            })
     }
 
     /// Forgets the sessions the guard no longer tracks, at most once a second.

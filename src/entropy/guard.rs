@@ -844,8 +844,8 @@ impl Admission for SessionGuard {
         s.last = now;
         let window = config.window_size.as_secs_f64();
         s.arrive(now, window, key, weight_of(call, &config));
-        let (signals, t) = s.signals(now, &config);
-        let t = &t;
+        let (signals, tolerances) = s.signals(now, &config);
+        let t = &tolerances;
         let healthy = distress(&signals, t) == 0.0;
         if healthy {
             s.entropy_baseline.update(signals.entropy);
