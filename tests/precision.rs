@@ -373,6 +373,26 @@ async fn client_for(
     secs: u64,
     honours: bool,
 ) -> Vec<String> {
+    caller(
+        router,
+        session,
+        worker,
+        secs,
+        honours,
+        Duration::from_millis(20),
+    )
+    .await
+}
+
+/// [`client_for`] pausing `after_answer` after each answered call.
+async fn caller(
+    router: &Router,
+    session: &str,
+    worker: usize,
+    secs: u64,
+    honours: bool,
+    after_answer: Duration,
+) -> Vec<String> {
     let end = tokio::time::Instant::now() + Duration::from_secs(secs);
     let mut reasons = Vec::new();
     let mut i = worker * 100_000;
@@ -395,7 +415,7 @@ async fn client_for(
                 reasons.push(reason);
                 Duration::from_millis(20)
             }
-            None => Duration::from_millis(20),
+            None => after_answer,
         };
         tokio::time::sleep(pause).await;
     }
@@ -440,4 +460,64 @@ async fn a_client_ignoring_its_hints_is_scored_and_clients_honouring_them_are_no
             .chain(four.iter().flatten())
             .any(|r| r == "session_storm")
     );
+}
+
+/// A swarm's sub-agent: two callers that each pause 200 ms after an answer and call again 20 ms
+/// after a refusal, whatever its `retry_after_ms`, asking a little more than the global budget
+/// (8.5 units/s; no session budget in the way), so their refusals come a few at a time, never
+/// sixteen in a row. They are scored; the same two callers waiting their hints, on a server of
+/// their own, are not.
+#[tokio::test(start_paused = true)]
+async fn two_callers_retrying_their_refusals_at_once_are_scored_and_two_waiting_them_are_not() {
+    let pair = |honours: bool| async move {
+        let mut config = Config::default();
+        config.budget.stable_budget = 8.5;
+        config.sessions.probation = 1.0;
+        let (router, control) = stack(config);
+        let session = common::session(&router).await;
+        let pause = Duration::from_millis(200);
+        let (a, b) = tokio::join!(
+            caller(&router, &session, 0, 10, honours, pause),
+            caller(&router, &session, 1, 10, honours, pause),
+        );
+        let summary = control
+            .sessions()
+            .summary(&SessionId::new(session.as_str()));
+        (
+            a.into_iter().chain(b).collect::<Vec<_>>(),
+            summary.unwrap().factor,
+        )
+    };
+    let (ignored, ignoring) = pair(false).await;
+    let (honoured, honouring) = pair(true).await;
+    assert!(
+        !honoured.is_empty(),
+        "the honouring callers were refused too"
+    );
+    assert!(honouring >= 0.9, "{honouring}");
+    assert!(!honoured.iter().any(|r| r == "session_storm"));
+    assert!(ignored.len() > honoured.len());
+    assert!(ignoring < 0.5, "scored: {ignoring}");
+}
+
+/// A host running eight tool calls at once on a fast tool, each waiting its own refusal's hint,
+/// asking five times its session budget: never scored. Its eight callers each have a wait
+/// ahead when they are refused together; the session has shown eight calls in flight at once,
+/// so a call is judged by its last eight waits, not four.
+#[tokio::test(start_paused = true)]
+async fn eight_callers_waiting_their_hints_are_not_scored() {
+    let mut config = Config::default();
+    config.sessions.base_budget = 10.0;
+    config.sessions.burst = 10.0;
+    config.sessions.probation = 1.0;
+    let (router, control) = stack(config);
+    let session = common::session(&router).await;
+    let reasons = join_all((0..8).map(|w| client_for(&router, &session, w, 10, true))).await;
+    let summary = control
+        .sessions()
+        .summary(&SessionId::new(session.as_str()));
+    let factor = summary.unwrap().factor;
+    assert!(reasons.iter().any(|r| !r.is_empty()), "refused");
+    assert!(factor >= 0.9, "{factor}");
+    assert!(!reasons.iter().flatten().any(|r| r == "session_storm"));
 }

@@ -250,10 +250,15 @@ struct Session {
     /// after it, so the hints of a burst are spread over the refill instead of colliding.
     hinted: u64,
     /// When its last [`HINTS_KEPT`] refusals told it to come back, ns (a ring, `next` the
-    /// oldest). A call arriving while every one of them is still ahead comes from a client
-    /// that is not waiting for them.
+    /// oldest). A call arriving while its last [`callers`](Self::callers) are all still ahead
+    /// comes from a client that is not waiting for them.
     waits: [u64; HINTS_KEPT],
     next: usize,
+    /// Its calls admitted and not yet over (answered, dropped or refunded).
+    in_flight: u32,
+    /// The most calls it has had in flight at once: how many callers it has shown it runs,
+    /// each of which may be waiting a hint of its own.
+    callers: u32,
     /// When its last refusal was given, ns, and how many refusals in a row came within
     /// [`HINTS_REACTION`] of the one before (one burst or batch, refused at once).
     refused_at: u64,
@@ -330,14 +335,20 @@ impl Pool {
 const UNVERIFIED_VOTER: u64 = u64::MAX;
 
 /// The refusals' waits a session's state keeps: a client whose callers each wait their own
-/// refusal's hint has at most one wait ahead per caller, so a call arriving while this many
-/// are all ahead ignored at least one (an MCP host runs fewer tool calls at once).
+/// refusal's hint has at most one wait ahead per caller, so a call arriving while as many
+/// waits as it has callers are all ahead ignored at least one. Its callers are counted as the
+/// most calls it has had in flight at once, at least [`HINTS_CALLERS`] and at most this (an
+/// MCP host runs fewer tool calls at once).
 pub const HINTS_KEPT: usize = 16;
+
+/// The callers a client is assumed to run before it has shown more calls in flight at once:
+/// an MCP host's parallel tool calls, refused before any of them ran.
+pub const HINTS_CALLERS: usize = 4;
 
 /// Refusals given within this of each other went to one burst or one batch, sent at once
 /// before the client could read any of them (a client takes longer to read a refusal and call
-/// again): while the last [`HINTS_KEPT`] all came so, a call arriving before their waits does
-/// not count as ignoring them.
+/// again): while the last refusals a call is judged by (one per caller) all came so, a call
+/// arriving before their waits does not count as ignoring them.
 pub const HINTS_REACTION: Duration = Duration::from_millis(1);
 
 /// A session whose budget factor falls below this is logged as entering a storm.
@@ -359,14 +370,23 @@ impl Session {
     }
 
     /// A call of this client arrives now, with resource key `key` of `weight`: in its window,
-    /// and counted as ignoring a wait when its last [`HINTS_KEPT`] refusals all told it to come
-    /// back later than now (and were not all given at once, [`HINTS_REACTION`]).
+    /// and counted as ignoring a wait when its last refusals, one per caller it has shown
+    /// ([`HINTS_CALLERS`] to [`HINTS_KEPT`]), all told it to come back later than now (and
+    /// were not all given at once, [`HINTS_REACTION`]).
     fn arrive(&mut self, now: u64, window: f64, key: u64, weight: u32) {
         self.window.record(Duration::from_nanos(now), key, weight);
         self.asked.add(now, window, 1.0);
-        if self.quick < HINTS_KEPT - 1 && self.waits.iter().all(|&back| back > now) {
+        let callers = (self.callers as usize).clamp(HINTS_CALLERS, HINTS_KEPT);
+        let ahead = |i: usize| self.waits[(self.next + HINTS_KEPT - i) % HINTS_KEPT] > now;
+        if self.quick < callers - 1 && (1..=callers).all(ahead) {
             self.ignored.add(now, window, 1.0);
         }
+    }
+
+    /// One of its calls was admitted: in flight until its permit is dropped.
+    fn start(&mut self) {
+        self.in_flight = self.in_flight.saturating_add(1);
+        self.callers = self.callers.max(self.in_flight);
     }
 
     /// One of its calls was refused now; with `wait`, the refusal told the whole client (its
@@ -497,8 +517,18 @@ impl std::fmt::Debug for SessionGuard {
 }
 
 /// What an admitted call took from its session, to give back if a later stage refuses it.
+/// The call counts as in flight for its session until the permit is dropped.
 #[derive(Debug)]
 pub struct SessionPermit(Option<(Arc<Mutex<Session>>, f64)>);
+
+impl Drop for SessionPermit {
+    fn drop(&mut self) {
+        if let Some((entry, _)) = &self.0 {
+            let mut s = lock(entry);
+            s.in_flight = s.in_flight.saturating_sub(1);
+        }
+    }
+}
 
 fn lock(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
     s.lock().unwrap_or_else(PoisonError::into_inner)
@@ -571,6 +601,8 @@ impl SessionGuard {
             failures: Recent::default(),
             hinted: 0,
             waits: [0; HINTS_KEPT],
+            in_flight: 0,
+            callers: 0,
             refused_at: 0,
             quick: 0,
             next: 0,
@@ -895,6 +927,7 @@ impl Admission for SessionGuard {
         if s.tokens >= cost {
             s.tokens -= cost;
             s.consumed += cost / tau;
+            s.start();
             drop(s);
             Ok(SessionPermit(Some((entry, cost))))
         } else {
@@ -926,8 +959,8 @@ impl Admission for SessionGuard {
     }
 
     fn refund(&self, permit: SessionPermit) {
-        if let Some((entry, cost)) = permit.0 {
-            let mut s = lock(&entry);
+        if let Some((entry, cost)) = &permit.0 {
+            let mut s = lock(entry);
             s.tokens += cost;
             s.consumed -= cost / self.inner.config.load().window_size.as_secs_f64();
         }

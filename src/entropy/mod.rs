@@ -14,9 +14,12 @@
 //!   ordinary tool errors are not a storm;
 //! * how it treats its refusals, from every stage's (the guard observes them through the
 //!   classifier, [`Observer::refused`](crate::outcome::Observer::refused)): the waits of its
-//!   last [`HINTS_KEPT`] session-wide refusals, and its calls that arrived while all of them
-//!   were still ahead (it ignored its hints; refusals given each within [`HINTS_REACTION`] of
-//!   the one before went to one burst and do not count), and the share of its calls refused;
+//!   last [`HINTS_KEPT`] session-wide refusals, and its calls that arrived while its last
+//!   refusals, one per caller it runs (the most calls it has had in flight at once, at least
+//!   [`HINTS_CALLERS`]), were all still ahead (it ignored its hints: a client whose callers
+//!   each wait their own hint never has more waits ahead than callers; refusals given each
+//!   within [`HINTS_REACTION`] of the one before went to one burst and do not count), and the
+//!   share of its calls refused;
 //! * a storm score ([`storm_score`]): `distress x (1 + diversity + refused share)`, where
 //!   distress is how far errors, latency and ignored hints are past their tolerances
 //!   ([`HINTS_IGNORED_ALLOWED`] for the hints) and diversity is the entropy above 1 bit plus
@@ -57,8 +60,8 @@ mod window;
 
 pub(crate) use guard::ClientKeys;
 pub use guard::{
-    ERRORS_ALLOWED, HINTS_KEPT, HINTS_REACTION, MAX_TOOLS, SessionConfig, SessionGuard,
-    SessionPermit, SessionSummary, UNVERIFIED_PREFIX,
+    ERRORS_ALLOWED, HINTS_CALLERS, HINTS_KEPT, HINTS_REACTION, MAX_TOOLS, SessionConfig,
+    SessionGuard, SessionPermit, SessionSummary, UNVERIFIED_PREFIX,
 };
 pub use key::MAX_HASHED_ARGS;
 // The pure cores below are public for the crate's proptests, benches and demo, not an API

@@ -35,9 +35,10 @@ pub struct Tolerances {
 
 /// Calls a session may make within about a window while its refusals still tell it to wait,
 /// before that counts as ignoring its hints: the rest of a burst of parallel calls already on
-/// its way when the first were refused. A client retrying its refusals at once every 20 ms
-/// passes it in about a second.
-pub const HINTS_IGNORED_ALLOWED: f64 = 32.0;
+/// its way when the first were refused (a call counts only once as many waits as the client
+/// has callers are ahead, so a burst of 20 refused at once counts 16). A client retrying its
+/// refusals at once every 20 ms passes it in under half a second.
+pub const HINTS_IGNORED_ALLOWED: f64 = 16.0;
 
 impl Default for Tolerances {
     fn default() -> Self {
@@ -89,10 +90,10 @@ pub fn diversity(s: &Signals) -> f64 {
 /// let complex = Signals { entropy: 4.5, entropy_baseline: Some(0.8), error_rate: 0.0, latency_ratio: 1.0, ..Default::default() };
 /// assert_eq!(storm_score(&complex, &Tolerances::default()), 0.0);
 ///
-/// // A swarm member retrying its refusals at once: 96 calls within a window while told to
+/// // A swarm member retrying its refusals at once: 48 calls within a window while told to
 /// // wait, 90% of its calls refused, healthy otherwise (its admitted calls were fine).
-/// let swarm = Signals { ignored_hints: 96.0, refused_share: 0.9, latency_ratio: 1.0, ..complex };
-/// // distress (96 - 32) / 32 = 2; x (1 + 7.2 + 0.9)
+/// let swarm = Signals { ignored_hints: 48.0, refused_share: 0.9, latency_ratio: 1.0, ..complex };
+/// // distress (48 - 16) / 16 = 2; x (1 + 7.2 + 0.9)
 /// assert!((storm_score(&swarm, &Tolerances::default()) - 2.0 * 9.1).abs() < 1e-9);
 /// ```
 pub fn storm_score(s: &Signals, t: &Tolerances) -> f64 {
