@@ -521,3 +521,28 @@ async fn eight_callers_waiting_their_hints_are_not_scored() {
     assert!(factor >= 0.9, "{factor}");
     assert!(!reasons.iter().flatten().any(|r| r == "session_storm"));
 }
+
+/// A new host running eight tool calls at once arrives while another client has drained the
+/// global budget: its calls are refused before any runs (it never shows a call in flight), and
+/// each of its callers waits its own hint. It is not scored: its first eight calls came at
+/// once, so a call is judged by its last eight waits.
+#[tokio::test(start_paused = true)]
+async fn eight_new_callers_refused_before_any_ran_and_waiting_their_hints_are_not_scored() {
+    let mut config = Config::default();
+    config.budget.stable_budget = 20.0;
+    config.sessions.probation = 1.0;
+    let (router, control) = stack(config);
+    let hog = common::session(&router).await;
+    let host = common::session(&router).await;
+    let (_, reasons) = tokio::join!(
+        join_all((0..4).map(|w| client_for(&router, &hog, w, 12, true))),
+        async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            join_all((0..8).map(|w| client_for(&router, &host, 10 + w, 10, true))).await
+        }
+    );
+    let summary = control.sessions().summary(&SessionId::new(host.as_str()));
+    let factor = summary.unwrap().factor;
+    assert!(reasons.iter().any(|r| !r.is_empty()), "refused");
+    assert!(factor >= 0.9, "{factor}");
+}

@@ -256,8 +256,12 @@ struct Session {
     next: usize,
     /// Its calls admitted and not yet over (answered, dropped or refunded).
     in_flight: u32,
-    /// The most calls it has had in flight at once: how many callers it has shown it runs,
-    /// each of which may be waiting a hint of its own.
+    /// When its last call arrived, ns, and how many arrived in a row each within
+    /// [`HINTS_REACTION`] of the one before (sent at once, by as many callers).
+    arrived_at: u64,
+    burst: u32,
+    /// The most calls it has had in flight at once, or sent at once: how many callers it has
+    /// shown it runs, each of which may be waiting a hint of its own.
     callers: u32,
     /// When its last refusal was given, ns, and how many refusals in a row came within
     /// [`HINTS_REACTION`] of the one before (one burst or batch, refused at once).
@@ -337,12 +341,12 @@ const UNVERIFIED_VOTER: u64 = u64::MAX;
 /// The refusals' waits a session's state keeps: a client whose callers each wait their own
 /// refusal's hint has at most one wait ahead per caller, so a call arriving while as many
 /// waits as it has callers are all ahead ignored at least one. Its callers are counted as the
-/// most calls it has had in flight at once, at least [`HINTS_CALLERS`] and at most this (an
-/// MCP host runs fewer tool calls at once).
+/// most calls it has had in flight at once or sent at once, at least [`HINTS_CALLERS`] and at
+/// most this (an MCP host runs fewer tool calls at once).
 pub const HINTS_KEPT: usize = 16;
 
-/// The callers a client is assumed to run before it has shown more calls in flight at once:
-/// an MCP host's parallel tool calls, refused before any of them ran.
+/// The callers a client is assumed to run before it has shown more calls in flight or sent at
+/// once.
 pub const HINTS_CALLERS: usize = 4;
 
 /// Refusals given within this of each other went to one burst or one batch, sent at once
@@ -371,11 +375,20 @@ impl Session {
 
     /// A call of this client arrives now, with resource key `key` of `weight`: in its window,
     /// and counted as ignoring a wait when its last refusals, one per caller it has shown
-    /// ([`HINTS_CALLERS`] to [`HINTS_KEPT`]), all told it to come back later than now (and
-    /// were not all given at once, [`HINTS_REACTION`]).
+    /// ([`HINTS_CALLERS`] to [`HINTS_KEPT`]; calls sent at once, each within
+    /// [`HINTS_REACTION`] of the one before, show as many callers), all told it to come back
+    /// later than now (and were not all given at once).
     fn arrive(&mut self, now: u64, window: f64, key: u64, weight: u32) {
         self.window.record(Duration::from_nanos(now), key, weight);
         self.asked.add(now, window, 1.0);
+        let reaction = u64::try_from(HINTS_REACTION.as_nanos()).unwrap_or(u64::MAX);
+        self.burst = if now.saturating_sub(self.arrived_at) < reaction {
+            self.burst.saturating_add(1)
+        } else {
+            1
+        };
+        self.arrived_at = now;
+        self.callers = self.callers.max(self.burst);
         let callers = (self.callers as usize).clamp(HINTS_CALLERS, HINTS_KEPT);
         let ahead = |i: usize| self.waits[(self.next + HINTS_KEPT - i) % HINTS_KEPT] > now;
         if self.quick < callers - 1 && (1..=callers).all(ahead) {
@@ -602,6 +615,8 @@ impl SessionGuard {
             hinted: 0,
             waits: [0; HINTS_KEPT],
             in_flight: 0,
+            arrived_at: 0,
+            burst: 0,
             callers: 0,
             refused_at: 0,
             quick: 0,
