@@ -15,8 +15,8 @@
 //! * how it treats its refusals, from every stage's (the guard observes them through the
 //!   classifier, [`Observer::refused`](crate::outcome::Observer::refused)): the waits of its
 //!   last [`HINTS_KEPT`] session-wide refusals, and its calls that arrived while its last
-//!   refusals, one per caller it runs (the most calls it has had in flight at once, at least
-//!   [`HINTS_CALLERS`]), were all still ahead (it ignored its hints: a client whose callers
+//!   refusals, one per caller it runs (the most calls it has had in flight at once or sent at
+//!   once, at least [`HINTS_CALLERS`]), were all still ahead (it ignored its hints: a client whose callers
 //!   each wait their own hint never has more waits ahead than callers; refusals given each
 //!   within [`HINTS_REACTION`] of the one before went to one burst and do not count), and the
 //!   share of its calls refused;

@@ -36,8 +36,8 @@ pub struct Tolerances {
 /// Calls a session may make within about a window while its refusals still tell it to wait,
 /// before that counts as ignoring its hints: the rest of a burst of parallel calls already on
 /// its way when the first were refused (a call counts only once as many waits as the client
-/// has callers are ahead, so a burst of 20 refused at once counts 16). A client retrying its
-/// refusals at once every 20 ms passes it in under half a second.
+/// has shown callers are all ahead). A client retrying its refusals at once every 20 ms passes
+/// it in under half a second.
 pub const HINTS_IGNORED_ALLOWED: f64 = 16.0;
 
 impl Default for Tolerances {
