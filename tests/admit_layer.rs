@@ -172,3 +172,41 @@ async fn a_batch_is_charged_refused_and_given_back_per_call() {
         "two ran; the third's charge came back"
     );
 }
+
+/// An admission layer with no `ClassifyLayer` outside it cannot see a call: the POST is let
+/// through unchecked and nothing is charged, and the misplaced stack says so, once, in the log.
+/// Behind a classify layer, neither a POST that is not JSON-RPC nor a GET is taken for one.
+#[tokio::test(flavor = "current_thread")]
+async fn an_admission_layer_without_classification_says_so_once() {
+    let (logs, _guard) = common::Logs::capture();
+    let warning = "no ClassifyLayer read";
+    let unseen = units(5);
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let bare: Stack = BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(AdmitLayer::new(unseen.clone()))
+            .service(service),
+    );
+    for id in 1..=2 {
+        let sent = tokio::spawn(bare.clone().oneshot(request(Some("s"), call(id))));
+        answer(&mut handle, &[id]).await;
+        assert_eq!(body_json(sent.await.unwrap().unwrap()).await["id"], id);
+    }
+    assert_eq!(unseen.left(), 5, "nothing charged: no call was seen");
+    assert_eq!(logs.text().matches(warning).count(), 1, "{}", logs.text());
+
+    let (first, second) = (units(5), units(5));
+    let (classified, mut handle) = stack(&first, &second);
+    let not_rpc = Request::post("/mcp")
+        .header("content-type", "application/json")
+        .body(Body::from("not json"))
+        .unwrap();
+    let get = Request::get("/mcp").body(Body::empty()).unwrap();
+    for req in [not_rpc, get] {
+        let sent = tokio::spawn(classified.clone().oneshot(req));
+        let (_, send) = handle.next_request().await.expect("passed on");
+        send.send_response(Response::new(Body::empty()));
+        sent.await.unwrap().unwrap();
+    }
+    assert_eq!(logs.text().matches(warning).count(), 1, "{}", logs.text());
+}

@@ -1,5 +1,6 @@
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use tower::Layer;
 
@@ -38,19 +39,21 @@ where
 /// Applies an [`Admission`] to every request call. See the [module docs](crate::admit).
 pub struct AdmitLayer<A> {
     admission: Arc<A>,
+    unclassified: Arc<AtomicBool>,
 }
 
 impl<A> AdmitLayer<A> {
     /// A layer whose services all share `admission`.
     pub fn new(admission: A) -> Self {
-        AdmitLayer {
-            admission: Arc::new(admission),
-        }
+        Self::from_arc(Arc::new(admission))
     }
 
     /// A layer sharing an admission you keep a handle to.
     pub fn from_arc(admission: Arc<A>) -> Self {
-        AdmitLayer { admission }
+        AdmitLayer {
+            admission,
+            unclassified: Arc::default(),
+        }
     }
 }
 
@@ -58,6 +61,7 @@ impl<A> Clone for AdmitLayer<A> {
     fn clone(&self) -> Self {
         AdmitLayer {
             admission: self.admission.clone(),
+            unclassified: self.unclassified.clone(),
         }
     }
 }
@@ -72,6 +76,6 @@ impl<S, A> Layer<S> for AdmitLayer<A> {
     type Service = Admit<S, A>;
 
     fn layer(&self, inner: S) -> Admit<S, A> {
-        Admit::new(inner, self.admission.clone())
+        Admit::new(inner, self.admission.clone(), self.unclassified.clone())
     }
 }

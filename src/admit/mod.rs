@@ -13,7 +13,10 @@
 //!   every notification, response and invalid element, exactly as sent) are forwarded as a
 //!   smaller batch, and the answers are merged into the inner service's answer;
 //! * notifications and client responses are never checked, charged or answered with an error;
-//! * requests that were not classified (non-MCP routes, GET, DELETE) pass unchecked.
+//! * requests that were not classified (non-MCP routes, GET, DELETE) pass unchecked; a POST
+//!   that reached the layer without passing a [`ClassifyLayer`](crate::classify::ClassifyLayer)
+//!   (the stack built in the wrong order) passes too, and the layer logs a warning the first
+//!   time it sees one.
 //!
 //! Admission stages charge budgets, they do not hold capacity. What a call was charged is given
 //! back when a later stage refuses it or the MCP server rejects it without running it (see
