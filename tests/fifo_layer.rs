@@ -162,3 +162,38 @@ async fn an_answer_holds_its_place_while_it_streams_and_frees_it_when_dropped() 
     send.send_response(answer(2));
     second.await.unwrap().unwrap();
 }
+
+/// A FIFO layer with no `ClassifyLayer` outside it cannot see a tool call: two scans on a key
+/// of one place both reach the service at once, unlimited, and the misplaced stack says so,
+/// once, in the log.
+#[tokio::test(start_paused = true, flavor = "current_thread")]
+async fn a_fifo_layer_without_classification_says_so_once() {
+    let (logs, _guard) = common::Logs::capture();
+    let limiter = ResourceLimiter::builder()
+        .key(
+            "db",
+            ResourceLimits::default()
+                .max_concurrent(NonZeroUsize::MIN)
+                .max_queue_depth(1),
+        )
+        .build();
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let bare: Stack = BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(FifoLimitLayer::new(limiter).tool_key("sql_scan", "db"))
+            .service(service),
+    );
+    let (first, second) = (scan(&bare, 1), scan(&bare, 2));
+    let (a, send_a) = reached(&mut handle).await.expect("the first scan ran");
+    let (b, send_b) = reached(&mut handle)
+        .await
+        .expect("so did the second, unlimited");
+    send_a.send_response(answer(a));
+    send_b.send_response(answer(b));
+    for sent in [first, second] {
+        body_json(sent.await.unwrap().unwrap()).await;
+    }
+    let warned = logs.text().matches("no ClassifyLayer read").count();
+    assert_eq!(warned, 1, "{}", logs.text());
+    assert!(logs.text().contains("FifoLimitLayer"), "{}", logs.text());
+}

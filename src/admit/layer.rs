@@ -1,11 +1,11 @@
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use tower::Layer;
 
 use super::Admit;
 use crate::call::Call;
+use crate::classify::Unread;
 use crate::rejection::Rejection;
 
 /// A non-waiting admission decision for one request call.
@@ -39,7 +39,7 @@ where
 /// Applies an [`Admission`] to every request call. See the [module docs](crate::admit).
 pub struct AdmitLayer<A> {
     admission: Arc<A>,
-    unclassified: Arc<AtomicBool>,
+    unread: Arc<Unread>,
 }
 
 impl<A> AdmitLayer<A> {
@@ -52,7 +52,7 @@ impl<A> AdmitLayer<A> {
     pub fn from_arc(admission: Arc<A>) -> Self {
         AdmitLayer {
             admission,
-            unclassified: Arc::default(),
+            unread: Arc::default(),
         }
     }
 }
@@ -61,7 +61,7 @@ impl<A> Clone for AdmitLayer<A> {
     fn clone(&self) -> Self {
         AdmitLayer {
             admission: self.admission.clone(),
-            unclassified: self.unclassified.clone(),
+            unread: self.unread.clone(),
         }
     }
 }
@@ -76,6 +76,6 @@ impl<S, A> Layer<S> for AdmitLayer<A> {
     type Service = Admit<S, A>;
 
     fn layer(&self, inner: S) -> Admit<S, A> {
-        Admit::new(inner, self.admission.clone(), self.unclassified.clone())
+        Admit::new(inner, self.admission.clone(), self.unread.clone())
     }
 }

@@ -1,6 +1,5 @@
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -9,7 +8,8 @@ use tower::{BoxError, Service};
 
 use super::future::ResponseFuture;
 use super::layer::Admission;
-use crate::call::{Calls, Unclassified};
+use crate::call::Calls;
+use crate::classify::Unread;
 use crate::mcp::verdict::{self, Verdict};
 use crate::rejection::Rejection;
 
@@ -17,16 +17,16 @@ use crate::rejection::Rejection;
 pub struct Admit<S, A> {
     inner: S,
     admission: Arc<A>,
-    /// Whether a POST without classification was logged yet (once per layer).
-    unclassified: Arc<AtomicBool>,
+    /// A POST no classify layer read is logged once per layer.
+    unread: Arc<Unread>,
 }
 
 impl<S, A> Admit<S, A> {
-    pub(crate) fn new(inner: S, admission: Arc<A>, unclassified: Arc<AtomicBool>) -> Self {
+    pub(crate) fn new(inner: S, admission: Arc<A>, unread: Arc<Unread>) -> Self {
         Admit {
             inner,
             admission,
-            unclassified,
+            unread,
         }
     }
 }
@@ -36,7 +36,7 @@ impl<S: Clone, A> Clone for Admit<S, A> {
         Admit {
             inner: self.inner.clone(),
             admission: self.admission.clone(),
-            unclassified: self.unclassified.clone(),
+            unread: self.unread.clone(),
         }
     }
 }
@@ -69,17 +69,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let Some(calls) = req.extensions().get::<Calls>() else {
-            // A POST the classify layer saw carries its calls or an `Unclassified` marker;
-            // one with neither passed no classify layer, so nothing in it can be admitted.
-            if req.method() == http::Method::POST
-                && req.extensions().get::<Unclassified>().is_none()
-                && !self.unclassified.swap(true, Ordering::Relaxed)
-            {
-                tracing::warn!(
-                    "an admission layer saw a POST no ClassifyLayer read: it is let through \
-                     unchecked; put ClassifyLayer outside every admission layer"
-                );
-            }
+            self.unread.check(&req, "AdmitLayer");
             return ResponseFuture::admitted(inner.call(req), None);
         };
         let mut rejected: Vec<(usize, Rejection)> = Vec::new();

@@ -12,6 +12,8 @@ pub(crate) struct LayerState {
     pub(crate) limiter: ResourceLimiter,
     /// Resource key per tool; a reload swaps it.
     pub(crate) tool_keys: Live<HashMap<String, String>>,
+    /// A POST no classify layer read is logged once per layer.
+    pub(crate) unread: crate::classify::Unread,
 }
 
 /// Builds [`FifoLimit`] services: the FIFO limiter for inbound MCP `tools/call`s.
@@ -19,7 +21,9 @@ pub(crate) struct LayerState {
 /// Each tool call waits for a place on its tool's resource key (the tool's name unless
 /// [`tool_key`](FifoLimitLayer::tool_key) maps it; several tools may share one key and so one
 /// quota). The call's tenant is its account for `max_concurrent_per_account`. Other methods,
-/// and requests stormgate did not classify, pass without waiting.
+/// and requests stormgate did not classify, pass without waiting; a POST that passed no
+/// [`ClassifyLayer`](crate::classify::ClassifyLayer) (a stack built in the wrong order) is
+/// logged once as a warning.
 #[derive(Clone)]
 pub struct FifoLimitLayer {
     shared: Arc<LayerState>,
@@ -32,6 +36,7 @@ impl FifoLimitLayer {
             shared: Arc::new(LayerState {
                 limiter,
                 tool_keys: Live::new(HashMap::new()),
+                unread: Default::default(),
             }),
         }
     }
@@ -45,6 +50,7 @@ impl FifoLimitLayer {
             shared: Arc::new(LayerState {
                 limiter: self.shared.limiter.clone(),
                 tool_keys: Live::new(keys),
+                unread: Default::default(),
             }),
         }
     }

@@ -64,6 +64,9 @@ where
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let calls = req.extensions().get::<Calls>();
+        if calls.is_none() {
+            self.shared.unread.check(&req, "FifoLimitLayer");
+        }
         let acquires = self.acquires(calls);
         let deadlines = calls.is_some_and(|c| c.iter().any(|c| c.deadline.is_some()));
         if acquires.is_empty() && !deadlines {
