@@ -24,9 +24,8 @@ type Stack = BoxCloneService<Request<Body>, Response<Body>, BoxError>;
 type Handle = mock::Handle<Request<Body>, Response<Body>>;
 type Answer = tokio::task::JoinHandle<Result<Response<Body>, BoxError>>;
 
-/// Classification and the FIFO layer around the mock: `sql_scan` on key `db`, one call at a
-/// time, one more waiting.
-fn stack() -> (Stack, Handle) {
+/// The FIFO layer: `sql_scan` on key `db`, one call at a time, one more waiting.
+fn fifo() -> FifoLimitLayer {
     let limiter = ResourceLimiter::builder()
         .key(
             "db",
@@ -35,10 +34,15 @@ fn stack() -> (Stack, Handle) {
                 .max_queue_depth(1),
         )
         .build();
+    FifoLimitLayer::new(limiter).tool_key("sql_scan", "db")
+}
+
+/// Classification and [`fifo`] around the mock.
+fn stack() -> (Stack, Handle) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let stack = ServiceBuilder::new()
         .layer(ClassifyLayer::new())
-        .layer(FifoLimitLayer::new(limiter).tool_key("sql_scan", "db"))
+        .layer(fifo())
         .service(service);
     (BoxCloneService::new(stack), handle)
 }
@@ -169,20 +173,8 @@ async fn an_answer_holds_its_place_while_it_streams_and_frees_it_when_dropped() 
 #[tokio::test(start_paused = true, flavor = "current_thread")]
 async fn a_fifo_layer_without_classification_says_so_once() {
     let (logs, _guard) = common::Logs::capture();
-    let limiter = ResourceLimiter::builder()
-        .key(
-            "db",
-            ResourceLimits::default()
-                .max_concurrent(NonZeroUsize::MIN)
-                .max_queue_depth(1),
-        )
-        .build();
     let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let bare: Stack = BoxCloneService::new(
-        ServiceBuilder::new()
-            .layer(FifoLimitLayer::new(limiter).tool_key("sql_scan", "db"))
-            .service(service),
-    );
+    let bare: Stack = BoxCloneService::new(ServiceBuilder::new().layer(fifo()).service(service));
     let (first, second) = (scan(&bare, 1), scan(&bare, 2));
     let (a, send_a) = reached(&mut handle).await.expect("the first scan ran");
     let (b, send_b) = reached(&mut handle)
