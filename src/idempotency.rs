@@ -227,6 +227,8 @@ struct State {
     switch: Switch,
     /// Bytes of the answers kept now.
     kept: Arc<AtomicUsize>,
+    /// A POST no classify layer read is logged once per layer.
+    unread: crate::classify::Unread,
 }
 
 impl State {
@@ -269,6 +271,7 @@ impl IdempotencyLayer {
                 made_for: std::hash::RandomState::new(),
                 switch,
                 kept: Arc::default(),
+                unread: Default::default(),
             }),
         })
     }
@@ -423,7 +426,11 @@ where
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let single = req.extensions().get::<Calls>().and_then(Calls::single);
+        let calls = req.extensions().get::<Calls>();
+        if calls.is_none() {
+            self.shared.unread.check(&req, "IdempotencyLayer");
+        }
+        let single = calls.and_then(Calls::single);
         let config = self.shared.config_for(single);
         let listed = single
             .filter(|c| c.tool.as_deref().is_some_and(|t| config.tools.contains(t)))

@@ -267,3 +267,49 @@ async fn an_answer_too_large_to_keep_is_not_replayed_and_never_run_twice() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the write ran once");
 }
+
+/// An idempotency layer with no `ClassifyLayer` outside it sees no call: the same order with
+/// the same key runs twice, and the misplaced stack says so, once, in the log.
+#[tokio::test(flavor = "current_thread")]
+async fn an_idempotency_layer_without_classification_says_so_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use stormgate::idempotency::{IdempotencyConfig, IdempotencyLayer};
+    use tower::Layer;
+
+    let (logs, _guard) = common::Logs::capture();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let inner = tower::service_fn(move |_req: Request<Body>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async {
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Body::from(
+                        r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#,
+                    ))
+                    .unwrap(),
+            )
+        }
+    });
+    let mut config = IdempotencyConfig::default();
+    config.tools.insert("create_order".into());
+    let svc = IdempotencyLayer::new(config).unwrap().layer(inner);
+    for _ in 0..2 {
+        let req = Request::post("/mcp")
+            .header("content-type", "application/json")
+            .header("idempotency-key", "k1")
+            .body(Body::from(order(1, Some("k1")).to_string()))
+            .unwrap();
+        svc.clone().oneshot(req).await.unwrap();
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "not deduplicated: no call was seen"
+    );
+    let text = logs.text();
+    assert_eq!(text.matches("no ClassifyLayer read").count(), 1, "{text}");
+    assert!(text.contains("IdempotencyLayer"), "{text}");
+}

@@ -1,6 +1,8 @@
 //! Outcome observation: JSON answers, SSE streams (split events, several events, keep-alive
 //! comments), 5xx, isError, timeouts, and a client that goes away mid-stream.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -305,4 +307,35 @@ async fn a_sized_answer_read_as_a_server_reads_it_is_observed() {
     drop(body);
     assert_eq!(read, reply.as_bytes());
     assert_eq!(log.outcomes(), [("1".to_owned(), Outcome::Ok)]);
+}
+
+/// An outcome layer with no `ClassifyLayer` outside it sees no call, so its observers learn
+/// nothing; the misplaced stack says so, once, in the log.
+#[tokio::test(flavor = "current_thread")]
+async fn an_outcome_layer_without_classification_says_so_once() {
+    let (logs, _guard) = common::Logs::capture();
+    let log = Arc::new(Log::default());
+    let inner = tower::service_fn(|_req: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(answer(
+            StatusCode::OK,
+            "application/json",
+            &[r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#],
+            Duration::ZERO,
+        ))
+    });
+    let svc = OutcomeLayer::new([log.clone() as Arc<dyn Observer>]).layer(inner);
+    for _ in 0..2 {
+        let req = Request::post("/mcp")
+            .header("content-type", "application/json")
+            .body(Body::from(
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#,
+            ))
+            .unwrap();
+        let res = svc.clone().oneshot(req).await.unwrap();
+        res.into_body().collect().await.unwrap();
+    }
+    assert!(log.outcomes().is_empty());
+    let text = logs.text();
+    assert_eq!(text.matches("no ClassifyLayer read").count(), 1, "{text}");
+    assert!(text.contains("OutcomeLayer"), "{text}");
 }

@@ -16,7 +16,9 @@
 //! * requests that were not classified (non-MCP routes, GET, DELETE) pass unchecked; a POST
 //!   that reached the layer without passing a [`ClassifyLayer`](crate::classify::ClassifyLayer)
 //!   (the stack built in the wrong order) passes too, and the layer logs a warning the first
-//!   time it sees one (so does [`FifoLimitLayer`](crate::fifo::FifoLimitLayer)).
+//!   time it sees one (so do [`FifoLimitLayer`](crate::fifo::FifoLimitLayer),
+//!   [`OutcomeLayer`](crate::outcome::OutcomeLayer) and
+//!   [`IdempotencyLayer`](crate::idempotency::IdempotencyLayer)).
 //!
 //! Admission stages charge budgets, they do not hold capacity. What a call was charged is given
 //! back when a later stage refuses it or the MCP server rejects it without running it (see

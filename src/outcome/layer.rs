@@ -5,11 +5,13 @@ use tower::Layer;
 
 use super::body::Observers;
 use super::{Observed, Observer};
+use crate::classify::Unread;
 
 /// Builds [`Observed`] services. See the [module docs](crate::outcome).
 #[derive(Clone)]
 pub struct OutcomeLayer {
     observers: Observers,
+    unread: Arc<Unread>,
 }
 
 impl OutcomeLayer {
@@ -17,6 +19,7 @@ impl OutcomeLayer {
     pub fn new(observers: impl IntoIterator<Item = Arc<dyn Observer>>) -> Self {
         OutcomeLayer {
             observers: observers.into_iter().collect(),
+            unread: Arc::default(),
         }
     }
 }
@@ -33,6 +36,6 @@ impl<S> Layer<S> for OutcomeLayer {
     type Service = Observed<S>;
 
     fn layer(&self, inner: S) -> Observed<S> {
-        Observed::new(inner, self.observers.clone())
+        Observed::new(inner, self.observers.clone(), self.unread.clone())
     }
 }

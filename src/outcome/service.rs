@@ -1,6 +1,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use axum::body::Body;
@@ -13,17 +14,24 @@ use super::Outcome;
 use super::body::{ObservedBody, Observers, Pending};
 use crate::answer::{Framing, Scan};
 use crate::call::{Call, Calls, SessionId};
+use crate::classify::Unread;
 
 /// Reports how each request call ends. Built by [`OutcomeLayer`](super::OutcomeLayer).
 #[derive(Clone)]
 pub struct Observed<S> {
     inner: S,
     observers: Observers,
+    /// A POST no classify layer read is logged once per layer.
+    unread: Arc<Unread>,
 }
 
 impl<S> Observed<S> {
-    pub(crate) fn new(inner: S, observers: Observers) -> Self {
-        Observed { inner, observers }
+    pub(crate) fn new(inner: S, observers: Observers, unread: Arc<Unread>) -> Self {
+        Observed {
+            inner,
+            observers,
+            unread,
+        }
     }
 }
 
@@ -50,11 +58,13 @@ where
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let calls: Vec<Call> = req
-            .extensions()
-            .get::<Calls>()
-            .map(|c| c.iter().filter(|c| c.is_chargeable()).cloned().collect())
-            .unwrap_or_default();
+        let calls: Vec<Call> = match req.extensions().get::<Calls>() {
+            Some(c) => c.iter().filter(|c| c.is_chargeable()).cloned().collect(),
+            None => {
+                self.unread.check(&req, "OutcomeLayer");
+                Vec::new()
+            }
+        };
         let queue_wait = req
             .extensions()
             .get::<super::QueueWait>()
