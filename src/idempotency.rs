@@ -228,7 +228,7 @@ struct State {
     /// Bytes of the answers kept now.
     kept: Arc<AtomicUsize>,
     /// A POST no classify layer read is logged once per layer.
-    unread: crate::classify::Unread,
+    unread: crate::call::Unread,
 }
 
 impl State {

@@ -5,7 +5,7 @@ use tower::Layer;
 
 use super::Admit;
 use crate::call::Call;
-use crate::classify::Unread;
+use crate::call::Unread;
 use crate::rejection::Rejection;
 
 /// A non-waiting admission decision for one request call.

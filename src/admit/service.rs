@@ -9,7 +9,7 @@ use tower::{BoxError, Service};
 use super::future::ResponseFuture;
 use super::layer::Admission;
 use crate::call::Calls;
-use crate::classify::Unread;
+use crate::call::Unread;
 use crate::mcp::verdict::{self, Verdict};
 use crate::rejection::Rejection;
 

@@ -40,31 +40,3 @@ pub use layer::{
     DEFAULT_MAX_BUFFERED_BYTES,
 };
 pub use service::Classify;
-
-/// Whether a stage that reads the classifier's output has seen a request no classify layer
-/// read: a POST without [`Calls`](crate::Calls) or an [`Unclassified`](crate::call::Unclassified)
-/// marker comes from a stack built in the wrong order. Logged once per layer.
-#[derive(Debug, Default)]
-pub(crate) struct Unread(std::sync::atomic::AtomicBool);
-
-impl Unread {
-    /// Logs, the first time, when `req` is a POST no classify layer read; `stage` names the
-    /// layer that got it.
-    pub(crate) fn check<B>(&self, req: &http::Request<B>, stage: &'static str) {
-        let read = req.extensions().get::<crate::Calls>().is_some()
-            || req
-                .extensions()
-                .get::<crate::call::Unclassified>()
-                .is_some();
-        if req.method() == http::Method::POST
-            && !read
-            && !self.0.swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
-            tracing::warn!(
-                stage,
-                "a POST no ClassifyLayer read: it is let through unchecked; put ClassifyLayer \
-                 outside every stormgate layer"
-            );
-        }
-    }
-}

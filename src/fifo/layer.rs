@@ -13,7 +13,7 @@ pub(crate) struct LayerState {
     /// Resource key per tool; a reload swaps it.
     pub(crate) tool_keys: Live<HashMap<String, String>>,
     /// A POST no classify layer read is logged once per layer.
-    pub(crate) unread: crate::classify::Unread,
+    pub(crate) unread: crate::call::Unread,
 }
 
 /// Builds [`FifoLimit`] services: the FIFO limiter for inbound MCP `tools/call`s.

@@ -5,7 +5,7 @@ use tower::Layer;
 
 use super::body::Observers;
 use super::{Observed, Observer};
-use crate::classify::Unread;
+use crate::call::Unread;
 
 /// Builds [`Observed`] services. See the [module docs](crate::outcome).
 #[derive(Clone)]

@@ -13,8 +13,8 @@ use tower::{BoxError, Service};
 use super::Outcome;
 use super::body::{ObservedBody, Observers, Pending};
 use crate::answer::{Framing, Scan};
+use crate::call::Unread;
 use crate::call::{Call, Calls, SessionId};
-use crate::classify::Unread;
 
 /// Reports how each request call ends. Built by [`OutcomeLayer`](super::OutcomeLayer).
 #[derive(Clone)]
