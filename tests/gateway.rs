@@ -1647,20 +1647,19 @@ async fn an_https_upstream_is_reached_when_its_certificate_chains_to_a_known_ca_
     let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["result"]["content"][0]["text"], "ok", "{body}");
-    // Only the bundled roots: the certificate is not trusted, 502 before anything is sent.
-    let (url, _control) = gateway(&format!("https://localhost:{port}/mcp"), with_ca(None)).await;
-    let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
-    assert_eq!(status, StatusCode::BAD_GATEWAY);
-    assert_eq!(body["error"]["data"]["reason"], "upstream_unreachable");
-    assert_eq!(body["id"], 3);
-    // The right CA, another name: the certificate is for `localhost`, not `127.0.0.1`.
-    let (url, _control) = gateway(
-        &format!("https://127.0.0.1:{port}/mcp"),
-        with_ca(Some(ca_file.clone())),
-    )
-    .await;
-    let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
-    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    // Only the bundled roots: the certificate is not trusted; the right CA and another name:
+    // the certificate is for `localhost`, not `127.0.0.1`. Each a 502 before anything is sent.
+    for (host, ca) in [("localhost", None), ("127.0.0.1", Some(ca_file.clone()))] {
+        let (url, _control) = gateway(&format!("https://{host}:{port}/mcp"), with_ca(ca)).await;
+        let (status, _, body) =
+            json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{host}: {body}");
+        assert_eq!(
+            body["error"]["data"]["reason"], "upstream_unreachable",
+            "{host}"
+        );
+        assert_eq!(body["id"], 3, "{host}");
+    }
 
     // A CA file that is missing, or holds no certificate, is refused when the proxy is built.
     let empty = dir.join("empty.pem");

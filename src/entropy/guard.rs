@@ -354,6 +354,8 @@ pub const HINTS_CALLERS: usize = 4;
 /// again): while the last refusals a call is judged by (one per caller) all came so, a call
 /// arriving before their waits does not count as ignoring them.
 pub const HINTS_REACTION: Duration = Duration::from_millis(1);
+/// [`HINTS_REACTION`] in ns.
+const REACTION_NS: u64 = HINTS_REACTION.as_nanos() as u64;
 
 /// A session whose budget factor falls below this is logged as entering a storm.
 const STORM_ENTER: f64 = 0.5;
@@ -381,8 +383,7 @@ impl Session {
     fn arrive(&mut self, now: u64, window: f64, key: u64, weight: u32) {
         self.window.record(Duration::from_nanos(now), key, weight);
         self.asked.add(now, window, 1.0);
-        let reaction = u64::try_from(HINTS_REACTION.as_nanos()).unwrap_or(u64::MAX);
-        self.burst = if now.saturating_sub(self.arrived_at) < reaction {
+        self.burst = if now.saturating_sub(self.arrived_at) < REACTION_NS {
             self.burst.saturating_add(1)
         } else {
             1
@@ -407,8 +408,7 @@ impl Session {
     fn refused(&mut self, now: u64, window: f64, wait: Option<Duration>) {
         self.refusals.add(now, window, 1.0);
         let Some(wait) = wait else { return };
-        let reaction = u64::try_from(HINTS_REACTION.as_nanos()).unwrap_or(u64::MAX);
-        self.quick = if now.saturating_sub(self.refused_at) < reaction {
+        self.quick = if now.saturating_sub(self.refused_at) < REACTION_NS {
             self.quick.saturating_add(1)
         } else {
             0
