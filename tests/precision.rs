@@ -546,3 +546,58 @@ async fn eight_new_callers_refused_before_any_ran_and_waiting_their_hints_are_no
     assert!(reasons.iter().any(|r| !r.is_empty()), "refused");
     assert!(factor >= 0.9, "{factor}");
 }
+
+/// A client the session guard has cut still asks, but counts towards the fair level only for
+/// what its own budget lets it have. Global budget 100 units/s: three sub-agents calling
+/// through their refusals (scored, cut to 2 units/s each), a host of eight callers waiting
+/// their hints and asking four times the budget, and a light agent asking 20 units/s. Counted
+/// at what they ask, the cut sub-agents would pull the fair level down to the light agent's
+/// rate, and it would lose the bucket to the host; counted at what they may have, it stays
+/// under its part and is never refused once they are scored.
+#[tokio::test(start_paused = true)]
+async fn cut_clients_count_towards_the_fair_level_only_for_what_they_may_have() {
+    let mut config = Config::default();
+    config.budget.stable_budget = 100.0;
+    config.sessions.base_budget = 100.0;
+    config.sessions.burst = 100.0;
+    config.sessions.probation = 1.0;
+    let (router, control) = stack(config);
+    let _ticking = control.spawn();
+    let swarm = [
+        common::session(&router).await,
+        common::session(&router).await,
+        common::session(&router).await,
+    ];
+    let host = common::session(&router).await;
+    let light = common::session(&router).await;
+    let fast = Duration::from_millis(5);
+    let (_, _, refusals) = tokio::join!(
+        join_all(
+            swarm
+                .iter()
+                .flat_map(|s| { (0..2).map(|w| caller(&router, s, w, 12, false, fast)) })
+        ),
+        join_all((0..8).map(|w| caller(
+            &router,
+            &host,
+            10 + w,
+            12,
+            true,
+            Duration::from_millis(20)
+        ))),
+        async {
+            // Once the swarm is scored: a call every 50 ms, each waiting its hint if refused.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            caller(&router, &light, 20, 9, true, Duration::from_millis(50)).await
+        }
+    );
+    for s in &swarm {
+        let factor = control
+            .sessions()
+            .summary(&SessionId::new(s.as_str()))
+            .unwrap()
+            .factor;
+        assert!(factor <= 0.05, "the swarm is cut: {factor}");
+    }
+    assert_eq!(refusals, Vec::<String>::new());
+}

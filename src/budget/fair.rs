@@ -6,7 +6,9 @@
 //! refused a lot is still heavy), and at every tick each group's (a tenant's, or the whole
 //! budget's) fair part per client is the **max-min fair level** of its rate among its active
 //! clients' demands (those that asked in the last [`ASKED`], admitted or not; [`level`]): what
-//! each may have when nobody gets more than anyone who wants more. A client using at most
+//! each may have when nobody gets more than anyone who wants more. A client counts at most
+//! what its own limit lets it have (a session the storm score has cut keeps asking, but the
+//! part it cannot use is the others'), so a cut client does not pull the level down. A client using at most
 //! [`LIGHT`] of that (this call included) is light: it may spend the bucket's reserve
 //! ([`Gcra::try_take_reserved`](super::Gcra::try_take_reserved)); the others see the plain
 //! bucket, so when the bucket is contended the refusals fall on those above their share, and
@@ -44,6 +46,9 @@ pub(crate) struct Usage {
     last: u64,
     /// When it last asked, ns from the budget's epoch.
     seen: u64,
+    /// The most it may be admitted per second by its own limit (the session guard's), as of
+    /// its last ask: its demand counts towards a fair level up to this.
+    allowed: f64,
     /// The group it is counted in (its tenant's key, or 0 without tenants).
     group: u64,
     /// Whether a tick has counted it among its group's active clients yet.
@@ -141,6 +146,7 @@ impl Clients {
         self.map.get_or_insert(client, MAX_CLIENTS, || {
             Arc::new(Mutex::new(Usage {
                 rate: 0.0,
+                allowed: f64::INFINITY,
                 last: now,
                 seen: now,
                 group,
@@ -149,11 +155,18 @@ impl Clients {
         })
     }
 
-    /// Counts a call of `cost` asked now, and tells whether the client's demand with it is
-    /// light: at most [`LIGHT`] of its fair part of `part`.
-    pub(crate) fn ask(usage: &Mutex<Usage>, now: u64, cost: f64, part: &Part) -> bool {
+    /// Counts a call of `cost` asked now by a client its own limit admits at most `allowed`
+    /// units/s, and tells whether the client's demand with it is light: at most [`LIGHT`] of
+    /// its fair part of `part`.
+    pub(crate) fn ask(
+        usage: &Mutex<Usage>,
+        now: u64,
+        (cost, allowed): (f64, f64),
+        part: &Part,
+    ) -> bool {
         let mut u = lock(usage);
         u.decay(now);
+        u.allowed = allowed;
         u.seen = u.seen.max(now);
         u.rate += cost / MEMORY.as_secs_f64();
         u.rate <= part.of(u.counted)
@@ -169,7 +182,10 @@ impl Clients {
             let mut u = lock(usage);
             u.decay(now);
             if now.saturating_sub(u.seen) < asked {
-                demands.entry(u.group).or_default().push(u.rate);
+                demands
+                    .entry(u.group)
+                    .or_default()
+                    .push(u.rate.min(u.allowed));
                 u.counted = true;
             } else {
                 u.counted = false;
@@ -199,26 +215,46 @@ mod tests {
         p
     }
 
+    /// Asks `cost` for a client no limit of its own holds back.
+    fn ask(u: &Mutex<Usage>, now: u64, cost: f64, part: &Part) -> bool {
+        Clients::ask(u, now, (cost, f64::INFINITY), part)
+    }
+
+    /// A client its own limit holds to 2 units/s counts for 2 in its group's demands however
+    /// much it asks, and is still not light: it asks far more than its part.
+    #[test]
+    fn a_client_counts_towards_the_level_only_for_what_its_own_limit_lets_it_have() {
+        let clients = Clients::new();
+        let cut = clients.get(1, 7, 0).unwrap();
+        let free = clients.get(2, 7, 0).unwrap();
+        assert!(!Clients::ask(&cut, 0, (2500.0, 2.0), &part(100.0, 2)));
+        assert!(!ask(&free, 0, 2500.0, &part(100.0, 2)));
+        let mut demands = clients.active(0).remove(&7).unwrap();
+        demands.sort_by(f64::total_cmp);
+        assert_eq!(demands, [2.0, 500.0]);
+        assert_eq!(level(100.0, &mut demands), 98.0);
+    }
+
     #[test]
     fn demand_decays_and_idle_clients_are_forgotten() {
         let clients = Clients::new();
         let u = clients.get(1, 7, 0).unwrap();
         // Alone (not yet counted, nobody else): never light, the reserve is for contention.
-        assert!(!Clients::ask(&u, 0, 0.0, &part(1000.0, 0)));
+        assert!(!ask(&u, 0, 0.0, &part(1000.0, 0)));
         // Not yet counted beside one other asking nothing: its part is the level, the whole
         // rate, light up to half of it. 2500 units asked (500/s over the 5 s memory): light;
         // 1 more: not.
-        assert!(Clients::ask(&u, 0, 2500.0, &part(1000.0, 1)));
-        assert!(!Clients::ask(&u, 0, 1.0, &part(1000.0, 1)));
+        assert!(ask(&u, 0, 2500.0, &part(1000.0, 1)));
+        assert!(!ask(&u, 0, 1.0, &part(1000.0, 1)));
         // One time constant later the 500.2 units/s are 184.0/s: light for a part of 368 or
         // more.
-        assert!(!Clients::ask(&u, 5 * S, 0.0, &part(366.0, 1)));
-        assert!(Clients::ask(&u, 5 * S, 0.0, &part(370.0, 1)));
+        assert!(!ask(&u, 5 * S, 0.0, &part(366.0, 1)));
+        assert!(ask(&u, 5 * S, 0.0, &part(370.0, 1)));
         drop(u);
         assert_eq!(clients.active(5 * S).get(&7).map(Vec::len), Some(1));
         // Asking is activity, admitted or not; a client gone quiet stops counting.
         let v = clients.get(2, 7, 5 * S).unwrap();
-        assert!(!Clients::ask(&v, 9 * S, 0.0, &part(0.0, 0)));
+        assert!(!ask(&v, 9 * S, 0.0, &part(0.0, 0)));
         drop(v);
         assert_eq!(
             clients.active(10 * S).get(&7).map(Vec::len),

@@ -482,12 +482,13 @@ impl Budget {
                 scope: Scope::Global,
                 wait,
             })?;
-        let client = self.client(call);
+        let (client, allowed) = self.inner.client_keys.allowance(call);
+        let ask = (cost as f64, allowed);
         if !(settings.tenants.enabled && policy.features.tenant_budgets) {
             let usage = inner.clients.get(client, 0, now);
             let under = usage
                 .as_ref()
-                .is_some_and(|u| fair::Clients::ask(u, now, cost as f64, &inner.global.fair));
+                .is_some_and(|u| fair::Clients::ask(u, now, ask, &inner.global.fair));
             taking.take(Bucket::Global, under, GLOBAL)?;
             return taking.leases(leasing, false);
         }
@@ -500,7 +501,7 @@ impl Budget {
         let usage = inner.clients.get(client, tenant.group, now);
         let session_under = usage
             .as_ref()
-            .is_some_and(|u| fair::Clients::ask(u, now, cost as f64, &tenant.fair));
+            .is_some_and(|u| fair::Clients::ask(u, now, ask, &tenant.fair));
         let tenant_under = inner.tenants.under(&tenant, session_under);
         taking.charge_tenant(tenant);
         let refused = match taking
@@ -577,11 +578,6 @@ impl Budget {
     /// A tool's healthy latency as the controller learned it, in seconds.
     pub fn tool_baseline(&self, tool: &str) -> Option<f64> {
         self.inner.global.sampler.baseline(tool)
-    }
-
-    /// The client a call counts for: as the session guard judges it, else its session id.
-    fn client(&self, call: &Call) -> u64 {
-        self.inner.client_keys.of(call)
     }
 }
 

@@ -345,7 +345,7 @@ mod tests {
                     // Asked `demand` units/s: that many over the demand's memory, at once.
                     let usage = clients.get((t * 100 + s) as u64, state.group, now).unwrap();
                     let cost = f64::from(demand) * fair::MEMORY.as_secs_f64();
-                    fair::Clients::ask(&usage, now, cost, &state.fair);
+                    fair::Clients::ask(&usage, now, (cost, f64::INFINITY), &state.fair);
                     state.demand.fetch_add(fed(demand), Ordering::Relaxed);
                     usages.push(usage);
                 }
@@ -376,7 +376,7 @@ mod tests {
                         continue; // on a boundary: rounding decides
                     }
                     let session_light = sessions.len() > 1 && d <= session_part;
-                    let got = all.under(state, fair::Clients::ask(usage, now, 0.0, &state.fair));
+                    let got = all.under(state, fair::Clients::ask(usage, now, (0.0, f64::INFINITY), &state.fair));
                     prop_assert_eq!(
                         got,
                         session_light || tenant_light,

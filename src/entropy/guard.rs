@@ -696,10 +696,9 @@ impl SessionGuard {
     /// The state a call is charged to and judged by: its session's, once the MCP server has
     /// accepted the session, else its tenant's unverified pool.
     fn state(&self, call: &Call) -> Arc<Mutex<Session>> {
-        let sessions = &self.inner.sessions;
-        match sessions.get(sessions.key(call.session.as_str())) {
-            Some(s) => s,
-            None => self.pool(&call.tenant).state.clone(),
+        match self.tracked(call) {
+            Ok((_, s)) => s,
+            Err(_) => self.pool(&call.tenant).state.clone(),
         }
     }
 
@@ -746,17 +745,43 @@ impl SessionGuard {
     ///
     /// [`CommonBaseline`]: crate::stats::CommonBaseline
     pub(crate) fn identify(&self, call: &Call) -> (u64, u64) {
+        match self.tracked(call) {
+            Ok((key, _)) => (key, key),
+            Err(pool) => (pool, UNVERIFIED_VOTER),
+        }
+    }
+
+    /// A call's session key and state once the MCP server has accepted it; else the client
+    /// key of its tenant's unverified pool: another keyed hash of the tenant, inverted, so it
+    /// meets a session's only by a 64-bit accident.
+    fn tracked(&self, call: &Call) -> Result<(u64, Arc<Mutex<Session>>), u64> {
         let sessions = &self.inner.sessions;
         let key = sessions.key(call.session.as_str());
-        if sessions.get(key).is_some() {
-            (key, key)
-        } else {
-            // Another keyed hash, inverted: it meets a session's only by a 64-bit accident.
-            (
-                !self.inner.pools.key(call.tenant.as_str()),
-                UNVERIFIED_VOTER,
-            )
-        }
+        sessions
+            .get(key)
+            .map(|s| (key, s))
+            .ok_or_else(|| !self.inner.pools.key(call.tenant.as_str()))
+    }
+
+    /// [`identify`](Self::identify)'s client, and the most cost units per second its own
+    /// state lets it be admitted now: the session budget times its storm factor and its trust
+    /// (its tenant's pool's for a call on an id the server has not accepted). What a client
+    /// can use of a shared bucket, however much more it asks; unbounded while sessions are
+    /// off.
+    pub(crate) fn allowance(&self, call: &Call) -> (u64, f64) {
+        let config = self.config_of(call);
+        let (client, state) = match self.tracked(call) {
+            Ok((key, s)) => (key, Some(s)),
+            Err(pool) => (pool, self.inner.pools.get(!pool).map(|p| p.state.clone())),
+        };
+        let allowance = match state {
+            Some(s) if config.enabled => {
+                let s = lock(&s);
+                config.base_budget * s.factor * s.trust
+            }
+            _ => f64::INFINITY,
+        };
+        (client, allowance)
     }
 
     /// Whether `session` has its own state (the MCP server accepted it).
@@ -1158,6 +1183,15 @@ impl ClientKeys {
     /// The client `call` counts for.
     pub(crate) fn of(&self, call: &Call) -> u64 {
         self.identify(call).0
+    }
+
+    /// The client `call` counts for and the rate its own state lets it be admitted, as a
+    /// followed guard gives them ([`SessionGuard::allowance`]), else its session id's, unbounded.
+    pub(crate) fn allowance(&self, call: &Call) -> (u64, f64) {
+        match self.sessions.get() {
+            Some(guard) => guard.allowance(call),
+            None => (self.of(call), f64::INFINITY),
+        }
     }
 
     /// The client `call` counts for and its vote on its tool's healthy latency, as a followed
