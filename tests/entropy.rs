@@ -582,9 +582,9 @@ async fn a_slowdown_everyone_sees_penalises_no_session() {
 /// treats those refusals (the classifier tells the guard of them): calling every 20 ms through
 /// 1 s waits, one caller (never two calls in flight), each call from its 5th on arrives while
 /// its last 4 waits ([`HINTS_CALLERS`](stormgate::entropy::HINTS_CALLERS)) are all ahead and is
-/// counted as ignoring them; past the allowance of one such call per caller it has shown (4:
-/// at its 9th call) it scores, and once it reaches the guard its budget is cut to a storm's
-/// and it is refused `session_storm`. The same calls spaced by their waits score 0.
+/// counted as ignoring them; past the allowance of 16 such calls (decaying over the 10 s
+/// window: at its 21st call) it scores, and once it reaches the guard its budget is cut to a
+/// storm's and it is refused `session_storm`. The same calls spaced by their waits score 0.
 #[tokio::test(start_paused = true)]
 async fn a_client_calling_through_the_budgets_refusals_is_scored() {
     use stormgate::{Reason, Rejection, Scope};
@@ -597,7 +597,7 @@ async fn a_client_calling_through_the_budgets_refusals_is_scored() {
     let score = |c: &Call| g.summary(&c.session).unwrap().score;
     for i in 1..=200 {
         g.refused(&through, &refusal);
-        if i < 9 {
+        if i < 21 {
             assert_eq!(score(&through), 0.0, "call {i}: within the allowance");
         } else {
             assert!(score(&through) > 0.0, "call {i}: past it");

@@ -390,17 +390,11 @@ impl Session {
         };
         self.arrived_at = now;
         self.callers = self.callers.max(self.burst);
-        let callers = self.callers();
+        let callers = (self.callers as usize).clamp(HINTS_CALLERS, HINTS_KEPT);
         let ahead = |i: usize| self.waits[(self.next + HINTS_KEPT - i) % HINTS_KEPT] > now;
         if self.quick < callers - 1 && (1..=callers).all(ahead) {
             self.ignored.add(now, window, 1.0);
         }
-    }
-
-    /// The callers it is judged to run: the most calls it has shown in flight or sent at once,
-    /// [`HINTS_CALLERS`] to [`HINTS_KEPT`].
-    fn callers(&self) -> usize {
-        (self.callers as usize).clamp(HINTS_CALLERS, HINTS_KEPT)
     }
 
     /// One of its calls was admitted: in flight until its permit is dropped.
@@ -441,8 +435,7 @@ impl Session {
         let tolerances = Tolerances {
             error_rate: config.error_tolerance,
             latency_ratio: config.latency_tolerance,
-            // One call per caller it has shown: a caller not seen yet is not ignoring anything.
-            ignored_hints: (self.callers() as f64).min(HINTS_IGNORED_ALLOWED),
+            ignored_hints: HINTS_IGNORED_ALLOWED,
         };
         (signals, tolerances)
     }

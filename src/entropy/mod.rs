@@ -22,8 +22,7 @@
 //!   share of its calls refused;
 //! * a storm score ([`storm_score`]): `distress x (1 + diversity + refused share)`, where
 //!   distress is how far errors, latency and ignored hints are past their tolerances
-//!   (one per caller the client has shown, up to [`HINTS_IGNORED_ALLOWED`], for the hints)
-//!   and diversity is the entropy above 1 bit plus
+//!   ([`HINTS_IGNORED_ALLOWED`] for the hints) and diversity is the entropy above 1 bit plus
 //!   its rise over the session's own healthy baseline;
 //! * a budget: `base_budget` cost units per second times `exp(-entropy_coefficient x score)`
 //!   (at least `min_factor`), cut at once when the score rises, regained by `recover_step` per

@@ -27,18 +27,17 @@ pub struct Tolerances {
     pub error_rate: f64,
     /// Latency ratio a healthy session may have. Default 1.5.
     pub latency_ratio: f64,
-    /// Calls ignoring its refusals' waits a healthy session may make within a window (the
-    /// session guard allows one per caller the client has shown). Default
-    /// [`HINTS_IGNORED_ALLOWED`].
+    /// Calls ignoring its refusals' waits a healthy session may make within a window: the
+    /// rest of a burst already in flight when its calls were refused arrives "early" without
+    /// ignoring anything. Default [`HINTS_IGNORED_ALLOWED`].
     pub ignored_hints: f64,
 }
 
-/// The most calls a session may make within about a window while its refusals still tell it
-/// to wait, before that counts as ignoring its hints. A call counts only once as many waits as
-/// the client has shown callers are all ahead, so a client whose callers each wait their own
-/// hint makes none; the session guard allows one per caller it has shown
-/// ([`HINTS_CALLERS`](crate::entropy::HINTS_CALLERS) to this), for callers it has not seen
-/// yet. A client retrying its refusals every 20 ms passes it in a quarter of a second.
+/// Calls a session may make within about a window while its refusals still tell it to wait,
+/// before that counts as ignoring its hints: the rest of a burst of parallel calls already on
+/// its way when the first were refused (a call counts only once as many waits as the client
+/// has shown callers are all ahead). A client retrying its refusals at once every 20 ms passes
+/// it in under half a second.
 pub const HINTS_IGNORED_ALLOWED: f64 = 16.0;
 
 impl Default for Tolerances {
