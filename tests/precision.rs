@@ -21,9 +21,13 @@ use stormgate::SessionId;
 use stormgate::control::{Config, Control};
 use tower::ServiceExt;
 
-/// The example server behind the whole stack with `config`.
+/// The example server behind the whole stack with `config`, its background tasks running as
+/// a server's do (the budget's ticker moves the fair levels and the adaptive budget).
 fn stack(config: Config) -> (Router, Control) {
-    app::protected(app::Backend::new(), config).unwrap()
+    let (router, control) = app::protected(app::Backend::new(), config).unwrap();
+    // Dropping the handles detaches the tasks; they stop with the last handle of the stack.
+    let _ = control.spawn();
+    (router, control)
 }
 
 /// A call's answer: the message, and the refusal's reason and wait if it was refused.
@@ -562,7 +566,6 @@ async fn cut_clients_count_towards_the_fair_level_only_for_what_they_may_have() 
     config.sessions.burst = 100.0;
     config.sessions.probation = 1.0;
     let (router, control) = stack(config);
-    let _ticking = control.spawn();
     let swarm = [
         common::session(&router).await,
         common::session(&router).await,
