@@ -8,11 +8,11 @@
 //! clients' demands (those that asked in the last [`ASKED`], admitted or not; [`level`]): what
 //! each may have when nobody gets more than anyone who wants more. A client counts at most
 //! what its own limit lets it have (a session the storm score has cut keeps asking, but the
-//! part it cannot use is the others'), so a cut client does not pull the level down. A client using at most
-//! [`LIGHT`] of that (this call included) is light: it may spend the bucket's reserve
-//! ([`Gcra::try_take_reserved`](super::Gcra::try_take_reserved)); the others see the plain
-//! bucket, so when the bucket is contended the refusals fall on those above their share, and
-//! when everyone is at its share nobody has a reserve.
+//! part it cannot use is the others'), so a cut client does not pull the level down. A client
+//! using at most [`LIGHT`] of that (this call included) is light: it may spend the bucket's
+//! reserve ([`Gcra::try_take_reserved`](super::Gcra::try_take_reserved)); the others see the
+//! plain bucket, so when the bucket is contended the refusals fall on those above their share,
+//! and when everyone is at its share nobody has a reserve.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -376,7 +376,8 @@ mod tests {
                         continue; // on a boundary: rounding decides
                     }
                     let session_light = sessions.len() > 1 && d <= session_part;
-                    let got = all.under(state, fair::Clients::ask(usage, now, (0.0, f64::INFINITY), &state.fair));
+                    let light = fair::Clients::ask(usage, now, (0.0, f64::INFINITY), &state.fair);
+                    let got = all.under(state, light);
                     prop_assert_eq!(
                         got,
                         session_light || tenant_light,
