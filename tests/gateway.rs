@@ -1478,16 +1478,26 @@ async fn closing_upstream(seen: Arc<AtomicUsize>, answer: bool) -> String {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
-            let (tcp, _) = listener.accept().await.unwrap();
+            // A failed accept (a connection reset while queued) is not the end of the server.
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
             let seen = seen.clone();
             tokio::spawn(async move {
                 let mut tcp = BufReader::new(tcp);
                 let mut line = String::new();
+                let mut head = false;
                 while tcp.read_line(&mut line).await.unwrap_or(0) > 0 {
                     if line == "\r\n" {
+                        head = true;
                         break;
                     }
                     line.clear();
+                }
+                // A connection closed before a whole head came (one the client's pool opened
+                // and never used) carried no request.
+                if !head {
+                    return;
                 }
                 seen.fetch_add(1, Ordering::SeqCst);
                 if !answer {
@@ -1537,19 +1547,24 @@ async fn a_pooled_connection_the_upstream_closed_is_not_the_next_clients_error()
     let seen = Arc::new(AtomicUsize::new(0));
     let upstream = closing_upstream(seen.clone(), true).await;
     // Measuring only: what is under test is the proxy, not the budgets.
+    // A call the upstream never answers would show as 504 after 10 s, not after a minute.
     let measuring = || Config {
         mode: Mode::Off,
+        gateway: Some(GatewayConfig {
+            request_timeout: Duration::from_secs(10),
+            ..GatewayConfig::default()
+        }),
         ..Config::default()
     };
     let (url, _control) = gateway(&upstream, measuring()).await;
     let statuses = calls_to(&url, 8, 50).await;
-    let answered = statuses
+    let failed: Vec<_> = statuses
         .iter()
-        .filter(|s| **s == (StatusCode::OK, true))
-        .count();
-    assert_eq!(
-        answered, 400,
-        "calls answered 502 for a connection the upstream had closed"
+        .filter(|s| **s != (StatusCode::OK, true))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "calls not answered for a connection the upstream had closed: {failed:?}"
     );
     // Each ran once: a call sent again had not been read on the dead connection.
     assert_eq!(seen.load(Ordering::SeqCst), 400);
