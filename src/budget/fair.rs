@@ -31,8 +31,12 @@ pub(crate) const MAX_CLIENTS: usize = 100_000;
 /// A client that has not asked for this long is forgotten.
 const IDLE: Duration = Duration::from_secs(10);
 /// The share of its fair part a client may use and still be light (may spend the reserve):
-/// when every client is at its part, nobody is, and the bucket is plain for all.
-pub(crate) const LIGHT: f64 = 0.5;
+/// when every client is at its part, nobody is, and the bucket is plain for all. Close to 1,
+/// since beside a swarm the innocent are near their part: eight sub-agents leave each of
+/// 13 clients about 92 units/s of 1 000, a steady agent asks 50 and a complex one 65; at
+/// half their part both would meet the plain bucket the swarm keeps drained
+/// (`tests/budget.rs`).
+pub(crate) const LIGHT: f64 = 0.9;
 /// A client that asked (admitted or not) this recently is active: a light client refused by
 /// a bucket someone else drained still counts.
 const ASKED: Duration = Duration::from_secs(2);
@@ -242,11 +246,11 @@ mod tests {
         // Alone (not yet counted, nobody else): never light, the reserve is for contention.
         assert!(!ask(&u, 0, 0.0, &part(1000.0, 0)));
         // Not yet counted beside one other asking nothing: its part is the level, the whole
-        // rate, light up to half of it. 2500 units asked (500/s over the 5 s memory): light;
+        // rate, light up to 0.9 of it. 4500 units asked (900/s over the 5 s memory): light;
         // 1 more: not.
-        assert!(ask(&u, 0, 2500.0, &part(1000.0, 1)));
+        assert!(ask(&u, 0, 4500.0, &part(1000.0, 1)));
         assert!(!ask(&u, 0, 1.0, &part(1000.0, 1)));
-        // One time constant later the 500.2 units/s are 184.0/s: light for a part of 368 or
+        // One time constant later the 900.2 units/s are 331.2/s: light for a part of 368 or
         // more.
         assert!(!ask(&u, 5 * S, 0.0, &part(366.0, 1)));
         assert!(ask(&u, 5 * S, 0.0, &part(370.0, 1)));
