@@ -1,6 +1,7 @@
 """The storm demo's agents over real HTTP, with the official Python MCP SDK (`mcp`, the version
 .ci/run pins): four steady agents (one `sql_scan` a second), a complex agent (five tools
-round-robin, two calls in flight), and from RUNAWAY_AT seconds a runaway (WORKERS parallel
+round-robin, two calls in flight; or, COMPLEX "calm", one call in flight, two a second, the
+issue's agent), and from RUNAWAY_AT seconds a runaway (WORKERS parallel
 searches, a new query each, errors and timeouts retried at once, refusals after their
 `retry_after_ms`). Every call gives up after 1 s. Prints each agent's outcomes as JSON.
 
@@ -11,7 +12,7 @@ SCENARIO (default "storm") as in the storm demo:
   stateless  every agent speaks MCP 2026-07-28 (no session) with a bearer token of its own;
              the runaway retries its refusals 20 ms later, ignoring `retry_after_ms`
 
-usage: python_agents.py URL SECONDS RUNAWAY_AT WORKERS [SCENARIO]
+usage: python_agents.py URL SECONDS RUNAWAY_AT WORKERS [SCENARIO [COMPLEX]]
   e.g. against `cargo run --release --example mcp_server` (examples/stormgate.toml):
   python_agents.py http://127.0.0.1:3000/mcp 60 10 8 swarm
 Real clock, real sockets: figures vary from run to run (the README quotes runs).
@@ -29,6 +30,8 @@ RUNAWAY_AT = float(sys.argv[3])
 WORKERS = int(sys.argv[4])
 SCENARIO = sys.argv[5] if len(sys.argv) > 5 else "storm"
 assert SCENARIO in ("storm", "swarm", "stateless"), SCENARIO
+COMPLEX = sys.argv[6] if len(sys.argv) > 6 else "busy"
+assert COMPLEX in ("busy", "calm"), COMPLEX
 # The runaway retries its refusals 20 ms later instead of after their hint.
 IGNORES_HINTS = SCENARIO != "storm"
 stats = {}
@@ -84,10 +87,12 @@ async def complex_agent():
                     ("read_doc", {"id": f"doc-{rng.randrange(40)}"}),
                     ("create_order", {"item": f"part-{topic}", "quantity": 1}),
                 ][k]
-                n += 2
+                n += callers
                 o, wait = await call(c, "complex", name, args)
-                await asyncio.sleep(max(wait, rng.uniform(0.15, 0.35)))
-        await asyncio.gather(worker(0), worker(1))
+                await asyncio.sleep(max(wait, pause(rng)))
+        callers = 2 if COMPLEX == "busy" else 1
+        pause = (lambda rng: rng.uniform(0.15, 0.35)) if COMPLEX == "busy" else (lambda rng: 0.5)
+        await asyncio.gather(*(worker(w) for w in range(callers)))
 
 WORDS = "latency context pool tenant storm retry budget agent queue entropy cache index shard replica vacuum planner".split()
 
