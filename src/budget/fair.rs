@@ -3,7 +3,8 @@
 //! A bucket many clients draw from is first come, first served: whoever calls most takes the
 //! burst, and a light caller arriving after it is refused. So each client's recent demand is
 //! kept (cost units asked per second, admitted or not, decaying over [`MEMORY`]: a client
-//! refused a lot is still heavy), and at every tick each group's (a tenant's, or the whole
+//! refused a lot is still heavy; a new one read at what it asks from its first calls,
+//! [`Usage::demand`]), and at every tick each group's (a tenant's, or the whole
 //! budget's) fair part per client is the **max-min fair level** of its rate among its active
 //! clients' demands (those that asked in the last [`ASKED`], admitted or not; [`level`]): what
 //! each may have when nobody gets more than anyone who wants more. A client counts at most
@@ -37,6 +38,9 @@ const IDLE: Duration = Duration::from_secs(10);
 /// half their part both would meet the plain bucket the swarm keeps drained
 /// (`tests/budget.rs`).
 pub(crate) const LIGHT: f64 = 0.9;
+/// A new client's calls count as asked over at least this much time: its first call as one a
+/// second, not as a rate of its own (see [`Usage::demand`]).
+const FIRST_SPAN: Duration = Duration::from_secs(1);
 /// A client that asked (admitted or not) this recently is active: a light client refused by
 /// a bucket someone else drained still counts.
 const ASKED: Duration = Duration::from_secs(2);
@@ -44,8 +48,11 @@ const ASKED: Duration = Duration::from_secs(2);
 /// One client's recent demand.
 #[derive(Debug)]
 pub(crate) struct Usage {
-    /// Cost units asked per second, decayed to `last`.
+    /// Cost units asked, decayed to `last`, over [`MEMORY`] (units/s for a client older than
+    /// the memory; see [`Usage::demand`]).
     rate: f64,
+    /// When it first asked, ns from the budget's epoch.
+    born: u64,
     /// When it was last decayed, ns from the budget's epoch.
     last: u64,
     /// When it last asked, ns from the budget's epoch.
@@ -121,6 +128,19 @@ impl Usage {
         self.rate *= (-dt / MEMORY.as_secs_f64()).exp();
         self.last = self.last.max(now);
     }
+
+    /// Its demand, units/s: `rate` corrected for the memory it has not lived yet. A decayed
+    /// sum started at zero is `1 - exp(-age / MEMORY)` of the rate a client asks, so a new
+    /// client bursting (a swarm's sub-agent, eight scans in its first 300 ms) would read as
+    /// light until its eighth call and spend the reserve the innocent need; divided by that
+    /// share, its demand is what it asks from its second call on. Its age counts from
+    /// [`FIRST_SPAN`] before its first call, so that call counts as one a second (a steady
+    /// client is read at its rate, 10% over at most) and the correction fades as the client
+    /// ages (under 2% after 20 s).
+    fn demand(&self, now: u64) -> f64 {
+        let age = now.saturating_sub(self.born) as f64 / 1e9 + FIRST_SPAN.as_secs_f64();
+        self.rate / (1.0 - (-age / MEMORY.as_secs_f64()).exp())
+    }
 }
 
 /// The demand of every client, bounded.
@@ -150,6 +170,7 @@ impl Clients {
         self.map.get_or_insert(client, MAX_CLIENTS, || {
             Arc::new(Mutex::new(Usage {
                 rate: 0.0,
+                born: now,
                 allowed: f64::INFINITY,
                 last: now,
                 seen: now,
@@ -173,7 +194,7 @@ impl Clients {
         u.allowed = allowed;
         u.seen = u.seen.max(now);
         u.rate += cost / MEMORY.as_secs_f64();
-        u.rate <= part.of(u.counted)
+        u.demand(now) <= part.of(u.counted)
     }
 
     /// The demands of the active clients of each group now; forgets clients idle for
@@ -189,7 +210,7 @@ impl Clients {
                 demands
                     .entry(u.group)
                     .or_default()
-                    .push(u.rate.min(u.allowed));
+                    .push(u.demand(now).min(u.allowed));
                 u.counted = true;
             } else {
                 u.counted = false;
@@ -197,6 +218,13 @@ impl Clients {
             now.saturating_sub(u.seen) < idle || Arc::strong_count(usage) > 1
         });
         demands
+    }
+
+    /// The cost a new client's first call asks for its demand to read `demand` units/s.
+    #[cfg(test)]
+    pub(crate) fn first_ask(demand: f64) -> f64 {
+        let span = FIRST_SPAN.as_secs_f64() / MEMORY.as_secs_f64();
+        demand * MEMORY.as_secs_f64() * (1.0 - (-span).exp())
     }
 
     /// Clients whose demand is kept.
@@ -235,7 +263,8 @@ mod tests {
         assert!(!ask(&free, 0, 2500.0, &part(100.0, 2)));
         let mut demands = clients.active(0).remove(&7).unwrap();
         demands.sort_by(f64::total_cmp);
-        assert_eq!(demands, [2.0, 500.0]);
+        // 2500 units at once, its first call: as asked over a second.
+        assert_eq!(demands, [2.0, 500.0 / (1.0 - (-1.0f64 / 5.0).exp())]);
         assert_eq!(level(100.0, &mut demands), 98.0);
     }
 
@@ -246,14 +275,14 @@ mod tests {
         // Alone (not yet counted, nobody else): never light, the reserve is for contention.
         assert!(!ask(&u, 0, 0.0, &part(1000.0, 0)));
         // Not yet counted beside one other asking nothing: its part is the level, the whole
-        // rate, light up to 0.9 of it. 4500 units asked (900/s over the 5 s memory): light;
-        // 1 more: not.
-        assert!(ask(&u, 0, 4500.0, &part(1000.0, 1)));
+        // rate, light up to 0.9 of it. A new client's first call counts as asked over a
+        // second (10% over, as the memory's 5 s have not passed): 815 units light, 1 more not.
+        assert!(ask(&u, 0, 815.0, &part(1000.0, 1)));
         assert!(!ask(&u, 0, 1.0, &part(1000.0, 1)));
-        // One time constant later the 900.2 units/s are 331.2/s: light for a part of 368 or
-        // more.
-        assert!(!ask(&u, 5 * S, 0.0, &part(366.0, 1)));
-        assert!(ask(&u, 5 * S, 0.0, &part(370.0, 1)));
+        // One time constant later the 163.2 units/s asked are 60.04/s decayed, 85.9/s
+        // corrected for a memory of 6 s of 5: light for a part of 95.5 or more.
+        assert!(!ask(&u, 5 * S, 0.0, &part(95.0, 1)));
+        assert!(ask(&u, 5 * S, 0.0, &part(96.0, 1)));
         drop(u);
         assert_eq!(clients.active(5 * S).get(&7).map(Vec::len), Some(1));
         // Asking is activity, admitted or not; a client gone quiet stops counting.

@@ -342,9 +342,9 @@ mod tests {
                 let state = all.insert(&name, new);
                 let mut usages = Vec::new();
                 for (s, &demand) in sessions.iter().enumerate() {
-                    // Asked `demand` units/s: that many over the demand's memory, at once.
+                    // Asked `demand` units/s: a first call that reads so.
                     let usage = clients.get((t * 100 + s) as u64, state.group, now).unwrap();
-                    let cost = f64::from(demand) * fair::MEMORY.as_secs_f64();
+                    let cost = fair::Clients::first_ask(f64::from(demand));
                     fair::Clients::ask(&usage, now, (cost, f64::INFINITY), &state.fair);
                     state.demand.fetch_add(fed(demand), Ordering::Relaxed);
                     usages.push(usage);
