@@ -1,0 +1,578 @@
+//! The session guard: per-session windows, health, storm score and budget.
+//!
+//! This module holds the guard itself: its table of accepted sessions and tenants' unverified
+//! pools, admission ([`Admission`] for [`SessionGuard`]), the top-N view and its API. Its
+//! settings are in `config`, one session's state in `session`, what the outcome hook teaches
+//! it in `learning`, and the client keys the other stages count by in `clients`.
+
+mod clients;
+mod config;
+mod learning;
+mod session;
+
+pub(crate) use clients::ClientKeys;
+pub use config::{ERRORS_ALLOWED, SessionConfig};
+pub use session::{HINTS_CALLERS, HINTS_KEPT, HINTS_REACTION, UNVERIFIED_PREFIX};
+
+use crate::error::ConfigError;
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use crate::snapshot::{Live, Part};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::key::hash_arguments;
+use super::score::{budget_factor, distress, storm_score};
+use super::window::SessionWindow;
+use crate::admit::{Admission, AdmitLayer};
+use crate::bounded::{Bounded, OVERFLOW};
+use crate::call::{Call, SessionId, Tenant};
+use crate::metrics;
+use crate::outcome::Observer;
+use crate::policy::{Mode, Switch};
+use crate::rejection::{Reason, Rejection, Scope};
+use crate::stats::{Ewma, OwnBaselines, Recent, ToolBaselines};
+use config::{BASELINE_ALPHA, HEALTH_ALPHA};
+use session::{Pool, Session, secs_ns, weight_of};
+
+pub use crate::stats::MAX_TOOLS;
+
+/// The one vote on a tool's healthy latency of all calls on ids the server has not accepted.
+const UNVERIFIED_VOTER: u64 = u64::MAX;
+
+/// One row of the top-N view.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionSummary {
+    /// The session.
+    pub session: String,
+    /// Its storm score.
+    pub score: f64,
+    /// Entropy of its window, bits.
+    pub entropy: f64,
+    /// Its budget factor (1 = unpenalized).
+    pub factor: f64,
+    /// Admitted weighted cost per second, smoothed over the window.
+    pub consumption: f64,
+    /// Calls (admitted or not) per second over the window.
+    pub call_rate: f64,
+    /// Calls refused so far.
+    pub rejected: u64,
+    /// Calls seen so far.
+    pub calls: u64,
+}
+
+/// Judges each session by what its calls are doing. See the [module docs](crate::entropy).
+#[derive(Clone)]
+pub struct SessionGuard {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    switch: Switch,
+    /// The settings, swapped whole by a reload.
+    config: Live<SessionConfig>,
+    epoch: Instant,
+    /// The sessions the MCP server accepted, by a keyed hash of their id (two ids colliding
+    /// would share a state; at a million sessions the odds are about 3 in 100 million, and the
+    /// key is random, so ids cannot be chosen to collide).
+    sessions: Bounded<Arc<Mutex<Session>>>,
+    /// Each tenant's unverified pool, by a keyed hash of the tenant.
+    pools: Bounded<Arc<Pool>>,
+    /// The pool of tenants past `max_tenants`.
+    overflow: Arc<Pool>,
+    /// Each tool's healthy service time, by a keyed hash of its name.
+    tool_latency: ToolBaselines,
+    top: Mutex<Vec<SessionSummary>>,
+    /// The key of every resource key's hash, random per guard.
+    keys: RandomState,
+}
+
+impl std::fmt::Debug for SessionGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionGuard")
+            .field("sessions", &self.inner.sessions.len())
+            .field("pools", &self.inner.pools.len())
+            .field("config", &self.inner.config.load())
+            .finish()
+    }
+}
+
+/// What an admitted call took from its session, to give back if a later stage refuses it.
+/// The call counts as in flight for its session until the permit is dropped.
+#[derive(Debug)]
+pub struct SessionPermit(Option<(Arc<Mutex<Session>>, f64)>);
+
+impl Drop for SessionPermit {
+    fn drop(&mut self) {
+        if let Some((entry, _)) = &self.0 {
+            let mut s = lock(entry);
+            s.in_flight = s.in_flight.saturating_sub(1);
+        }
+    }
+}
+
+fn lock(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
+    s.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl SessionGuard {
+    /// A guard with these settings, always adaptive.
+    pub fn new(config: SessionConfig) -> Result<Self, ConfigError> {
+        Self::with_switch(config, Switch::default())
+    }
+
+    /// A guard with these settings that follows the kill switch `switch`.
+    pub fn with_switch(config: SessionConfig, switch: Switch) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let guard = SessionGuard {
+            inner: Arc::new(Inner {
+                overflow: Arc::new(Pool::new(&Tenant::new(OVERFLOW), &config, 0)),
+                switch,
+                epoch: Instant::now(),
+                sessions: Bounded::new(),
+                pools: Bounded::new(),
+                tool_latency: ToolBaselines::new(),
+                top: Mutex::new(Vec::new()),
+                keys: RandomState::new(),
+                config: Live::new(config),
+            }),
+        };
+        Ok(guard)
+    }
+
+    /// Takes new settings, keeping every session's window, health and budget. A new window
+    /// size or bucket count applies to sessions first seen after the reload.
+    pub fn reconfigure(&self, config: SessionConfig) -> Result<(), ConfigError> {
+        config.validate()?;
+        self.set_config(config);
+        Ok(())
+    }
+
+    /// [`reconfigure`](Self::reconfigure) with settings already validated.
+    pub(crate) fn set_config(&self, config: SessionConfig) {
+        self.inner.config.store(Arc::new(config));
+    }
+
+    /// The guard's entry in a snapshot taken now.
+    pub(crate) fn part(&self) -> Part {
+        self.inner.config.part()
+    }
+
+    /// The settings `call` runs under (its request's snapshot's).
+    pub(crate) fn config_of(&self, call: &Call) -> Arc<SessionConfig> {
+        self.inner.config.read(call.snapshot())
+    }
+
+    fn session(id: SessionId, config: &SessionConfig, now: u64) -> Session {
+        Session {
+            id,
+            window: SessionWindow::new(config.window_size, config.buckets, config.max_keys),
+            // Priors: healthy until shown otherwise.
+            errors: Ewma::with_prior(HEALTH_ALPHA, 0.0),
+            latency: Ewma::with_prior(HEALTH_ALPHA, 1.0),
+            entropy_baseline: Ewma::new(BASELINE_ALPHA),
+            own: OwnBaselines::default(),
+            tokens: config.burst,
+            factor: 1.0,
+            score: 0.0,
+            last: now,
+            consumed: 0.0,
+            calls: 0,
+            finished: 0,
+            failures: Recent::default(),
+            hinted: 0,
+            waits: [0; HINTS_KEPT],
+            in_flight: 0,
+            arrived_at: 0,
+            burst: 0,
+            callers: 0,
+            refused_at: 0,
+            quick: 0,
+            next: 0,
+            ignored: Recent::default(),
+            asked: Recent::default(),
+            refusals: Recent::default(),
+            rejected: 0,
+            storm: false,
+            trust: 1.0,
+            probation: None,
+            pool: false,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.inner.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The admission stage: `AdmitLayer` over this guard.
+    pub fn layer(&self) -> AdmitLayer<SessionGuard> {
+        AdmitLayer::new(self.clone())
+    }
+
+    /// The observer to give to [`OutcomeLayer`](crate::outcome::OutcomeLayer).
+    pub fn observer(&self) -> Arc<dyn Observer> {
+        Arc::new(self.clone())
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> Arc<SessionConfig> {
+        self.inner.config.load()
+    }
+
+    /// Sessions tracked now (the overflow session not included).
+    pub fn len(&self) -> usize {
+        self.inner.sessions.len()
+    }
+
+    /// Whether no session is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.inner.sessions.is_empty()
+    }
+
+    /// The resource key of a call: its tool and, per config, the values at its JSON pointers
+    /// or a hash of its canonical arguments (bounded: see [`MAX_HASHED_ARGS`]); the uri of a
+    /// `resources/read`; the name of a `prompts/get`. With the kill switch off, the target
+    /// alone: nothing of the arguments is read.
+    ///
+    /// [`MAX_HASHED_ARGS`]: super::MAX_HASHED_ARGS
+    pub fn resource_key(&self, call: &Call) -> u64 {
+        let mut h = self.inner.keys.build_hasher();
+        call.method.hash(&mut h);
+        call.target().hash(&mut h);
+        if let (Some(tool), Some(args)) = (call.tool.as_deref(), call.arguments.as_deref())
+            && self.inner.switch.of(call).mode != Mode::Off
+        {
+            let config = self.config_of(call);
+            let pointers = config.resource_keys.get(tool).map(Vec::as_slice);
+            hash_arguments(args, pointers, &self.inner.keys, &mut h);
+        }
+        h.finish()
+    }
+
+    /// The tenant's unverified pool (made on first use; the shared one past `max_tenants`).
+    fn pool(&self, tenant: &Tenant) -> Arc<Pool> {
+        let config = self.inner.config.load();
+        let now = self.now();
+        let pools = &self.inner.pools;
+        pools
+            .get_or_insert(pools.key(tenant.as_str()), config.max_tenants, || {
+                Arc::new(Pool::new(tenant, &config, now))
+            })
+            .unwrap_or_else(|| self.inner.overflow.clone())
+    }
+
+    /// The state a call is charged to and judged by: its session's, once the MCP server has
+    /// accepted the session, else its tenant's unverified pool.
+    fn state(&self, call: &Call) -> Arc<Mutex<Session>> {
+        match self.tracked(call) {
+            Ok((_, s)) => s,
+            Err(_) => self.pool(&call.tenant).state.clone(),
+        }
+    }
+
+    /// Tells the guard that the MCP server accepted `session` of `tenant` (it minted the id on
+    /// `initialize`, or answered a call on it with success); the guard's observer calls it.
+    /// The session gets its own state, on probation, if its tenant has a newcomer place and
+    /// fewer than `max_sessions` are tracked; otherwise its calls stay in the tenant's
+    /// unverified pool (and it may be accepted on a later success). Returns whether it is
+    /// tracked now.
+    pub fn accept(&self, session: &SessionId, tenant: &Tenant) -> bool {
+        let sessions = &self.inner.sessions;
+        let key = sessions.key(session.as_str());
+        if sessions.get(key).is_some() {
+            return true;
+        }
+        let config = self.inner.config.load();
+        let now = self.now();
+        let pool = self.pool(tenant);
+        if !pool.admit_newcomer(now, &config) {
+            return false;
+        }
+        let made = sessions.get_or_insert(key, config.max_sessions, || {
+            let mut s = Self::session(session.clone(), &config, now);
+            s.trust = config.probation;
+            s.probation = Some(pool.clone());
+            Arc::new(Mutex::new(s))
+        });
+        if made.is_none() {
+            pool.release_newcomer(&config);
+        }
+        made.is_some()
+    }
+
+    /// The client a call is judged as, as a number: its session, once the MCP server has
+    /// accepted it, else its tenant's unverified pool (so ids made up per call are one client).
+    /// The budget's health census and the breakers count clients by it.
+    pub fn judged_as(&self, call: &Call) -> u64 {
+        self.identify(call).0
+    }
+
+    /// [`judged_as`](Self::judged_as) and the vote the call has on its tool's healthy latency
+    /// ([`CommonBaseline`]), from one lookup: its session's, once the MCP server has accepted
+    /// it; every other call shares one, whatever tenant or id it claims.
+    ///
+    /// [`CommonBaseline`]: crate::stats::CommonBaseline
+    pub(crate) fn identify(&self, call: &Call) -> (u64, u64) {
+        match self.tracked(call) {
+            Ok((key, _)) => (key, key),
+            Err(pool) => (pool, UNVERIFIED_VOTER),
+        }
+    }
+
+    /// A call's session key and state once the MCP server has accepted it; else the client
+    /// key of its tenant's unverified pool: another keyed hash of the tenant, inverted, so it
+    /// meets a session's only by a 64-bit accident.
+    fn tracked(&self, call: &Call) -> Result<(u64, Arc<Mutex<Session>>), u64> {
+        let sessions = &self.inner.sessions;
+        let key = sessions.key(call.session.as_str());
+        sessions
+            .get(key)
+            .map(|s| (key, s))
+            .ok_or_else(|| !self.inner.pools.key(call.tenant.as_str()))
+    }
+
+    /// [`identify`](Self::identify)'s client, and the most cost units per second its own
+    /// state lets it be admitted now: the session budget times its storm factor and its trust
+    /// (its tenant's pool's for a call on an id the server has not accepted). What a client
+    /// can use of a shared bucket, however much more it asks; unbounded while sessions are
+    /// off.
+    pub(crate) fn allowance(&self, call: &Call) -> (u64, f64) {
+        let config = self.config_of(call);
+        let (client, state) = match self.tracked(call) {
+            Ok((key, s)) => (key, Some(s)),
+            Err(pool) => (pool, self.inner.pools.get(!pool).map(|p| p.state.clone())),
+        };
+        let allowance = match state {
+            Some(s) if config.enabled => {
+                let s = lock(&s);
+                config.base_budget * s.factor * s.trust
+            }
+            _ => f64::INFINITY,
+        };
+        (client, allowance)
+    }
+
+    /// Whether `session` has its own state (the MCP server accepted it).
+    pub fn is_tracked(&self, session: &SessionId) -> bool {
+        let sessions = &self.inner.sessions;
+        sessions.get(sessions.key(session.as_str())).is_some()
+    }
+
+    /// The current storm score, entropy and budget factor of a session.
+    pub fn summary(&self, id: &SessionId) -> Option<SessionSummary> {
+        let sessions = &self.inner.sessions;
+        let s = sessions.get(sessions.key(id.as_str()))?;
+        let s = lock(&s);
+        Some(self.summarize(&s))
+    }
+
+    /// The same for a tenant's unverified pool, if it has one.
+    pub fn unverified(&self, tenant: &Tenant) -> Option<SessionSummary> {
+        let pools = &self.inner.pools;
+        let p = pools.get(pools.key(tenant.as_str()))?;
+        let s = lock(&p.state);
+        Some(self.summarize(&s))
+    }
+
+    /// Tenants with an unverified pool now.
+    pub fn pools(&self) -> usize {
+        self.inner.pools.len()
+    }
+
+    fn summarize(&self, s: &Session) -> SessionSummary {
+        SessionSummary {
+            call_rate: s.window.total() as f64 / self.inner.config.load().window_size.as_secs_f64(),
+            session: s.id.to_string(),
+            score: s.score,
+            entropy: s.window.entropy(),
+            factor: s.factor,
+            consumption: s.consumed,
+            rejected: s.rejected,
+            calls: s.calls,
+        }
+    }
+
+    /// Forgets sessions unseen for `idle_ttl` and refreshes the top-N view; the sweeper calls
+    /// it every window. Returns the sessions forgotten.
+    pub(crate) fn sweep_idle(&self) -> usize {
+        let now = self.now();
+        let config = self.inner.config.load();
+        let ttl = u64::try_from(config.idle_ttl.as_nanos()).unwrap_or(u64::MAX);
+        let before = self.inner.sessions.len();
+        let n = config.top_n;
+        let mut top: Vec<SessionSummary> = Vec::with_capacity(n + 1);
+        let mut keep = |s: &Mutex<Session>| {
+            let s = lock(s);
+            if now.saturating_sub(s.last) >= ttl {
+                return false;
+            }
+            if n > 0 && (top.len() < n || top.last().is_some_and(|l| s.score > l.score)) {
+                top.push(self.summarize(&s));
+                top.sort_by(|a, b| b.score.total_cmp(&a.score));
+                top.truncate(n);
+            }
+            true
+        };
+        self.inner.sessions.retain(|s| keep(s));
+        self.inner.pools.retain(|p| keep(&p.state));
+        self.inner.tool_latency.renew_if_full();
+        if let Some(first) = top.first() {
+            ::metrics::gauge!(metrics::SESSION_TOP_SCORE).set(first.score);
+        }
+        // Session ids only in these top-N series; one that leaves the top N is no longer
+        // updated and the exporter drops it (metrics::GAUGE_IDLE_TIMEOUT).
+        for t in &top {
+            let id = t.session.clone();
+            ::metrics::gauge!(metrics::SESSION_ENTROPY, "session" => id.clone()).set(t.entropy);
+            ::metrics::gauge!(metrics::SESSION_SCORE, "session" => id.clone()).set(t.score);
+            ::metrics::gauge!(metrics::SESSION_CONSUMPTION, "session" => id.clone())
+                .set(t.consumption);
+            ::metrics::gauge!(metrics::SESSION_REJECTIONS, "session" => id).set(t.rejected as f64);
+        }
+        ::metrics::gauge!(metrics::SESSIONS).set(self.inner.sessions.len() as f64);
+        *self
+            .inner
+            .top
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = top;
+        before.saturating_sub(self.inner.sessions.len())
+    }
+
+    /// The N sessions with the highest storm score at the last sweep.
+    pub fn top(&self) -> Vec<SessionSummary> {
+        self.inner
+            .top
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Sweeps every window length until the last handle drops.
+    pub fn spawn_sweeper(&self) -> tokio::task::JoinHandle<()> {
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let every = self.inner.config.load().window_size;
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval_at(Instant::now() + every, every);
+            loop {
+                interval.tick().await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                SessionGuard { inner }.sweep_idle();
+            }
+        })
+    }
+}
+
+impl Admission for SessionGuard {
+    type Permit = SessionPermit;
+
+    fn admit(&self, call: &Call) -> Result<SessionPermit, Rejection> {
+        let config = self.config_of(call);
+        if !config.enabled || call.target().is_none() {
+            // Off, or protocol chatter (initialize, tools/list, ping): not the work guarded.
+            return Ok(SessionPermit(None));
+        }
+        let now = self.now();
+        let key = self.resource_key(call);
+        let cost = f64::from(call.cost.max(1));
+        let entry = self.state(call);
+        let mut s = lock(&entry);
+        let dt = Duration::from_nanos(now.saturating_sub(s.last)).as_secs_f64();
+        let first = s.calls == 0;
+        s.calls += 1;
+        s.last = now;
+        let window = config.window_size.as_secs_f64();
+        s.arrive(now, window, key, weight_of(call, &config));
+        let (signals, tolerances) = s.signals(now, &config);
+        let t = &tolerances;
+        let healthy = distress(&signals, t) == 0.0;
+        if healthy {
+            s.entropy_baseline.update(signals.entropy);
+        }
+        s.score = storm_score(&signals, t);
+        let policy = self.inner.switch.of(call);
+        // Evidence: calls that ran, or calls made straight through refusals (which need none
+        // to run).
+        let evidence =
+            s.finished >= u64::from(config.min_calls) || signals.ignored_hints > t.ignored_hints;
+        let target = if policy.features.entropy_penalty && evidence {
+            budget_factor(s.score, config.entropy_coefficient, config.min_factor)
+        } else {
+            1.0
+        };
+        // Cut at once; regained by steps only once the session is healthy again, so a storm
+        // whose errors dip for a moment keeps its penalty.
+        s.factor = if target <= s.factor || first {
+            target
+        } else if healthy || !policy.features.entropy_penalty {
+            (s.factor + config.recover_step * dt).min(target)
+        } else {
+            s.factor
+        };
+        s.note_storm();
+        let (rate, reason) = match policy.mode {
+            // Measured above; nothing refused.
+            Mode::Off => return Ok(SessionPermit(None)),
+            Mode::Fixed => match policy.fixed.session_rate {
+                Some(rate) => (rate, Reason::FixedLimitExceeded),
+                None => return Ok(SessionPermit(None)),
+            },
+            Mode::Adaptive => (config.base_budget * s.factor, Reason::SessionBudgetExceeded),
+        };
+        let cap = (config.burst * rate / config.base_budget).max(cost);
+        // On probation (slow start): a full bucket, refilled at `trust` of the rate. A fixed
+        // limit is the same for everyone.
+        let trust = if policy.mode == Mode::Adaptive {
+            s.trust
+        } else {
+            1.0
+        };
+        s.tokens = (s.tokens + rate * trust * dt).min(cap);
+        // Consumption: admitted cost per second, decaying over one window.
+        let tau = config.window_size.as_secs_f64();
+        s.consumed *= (-dt / tau).exp();
+        if s.tokens >= cost {
+            s.tokens -= cost;
+            s.consumed += cost / tau;
+            s.start();
+            drop(s);
+            Ok(SessionPermit(Some((entry, cost))))
+        } else {
+            s.rejected += 1;
+            // Its own slot in the refill: after the deficit, and after the last refusal's slot
+            // (so a burst refused together comes back spread, each when its tokens are there).
+            let refill = rate * trust;
+            let own = now.saturating_add(secs_ns((cost - s.tokens) / refill));
+            // At most one window past its own: a client that keeps calling through its
+            // refusals does not push the slots out without end.
+            let slot = own
+                .max(s.hinted.saturating_add(secs_ns(cost / refill)))
+                .min(own.saturating_add(secs_ns(window)));
+            s.hinted = slot;
+            let wait = Duration::from_nanos(slot - now).max(Duration::from_millis(1));
+            s.refused(now, window, Some(wait));
+            let reason = if reason != Reason::SessionBudgetExceeded {
+                reason
+            } else if s.factor < 1.0 {
+                Reason::SessionStorm
+            } else if trust < 1.0 {
+                Reason::SessionProbation
+            } else {
+                reason
+            };
+            ::metrics::counter!(metrics::SESSION_REJECTED).increment(1);
+            Err(Rejection::new(reason, Scope::AgentSession, wait))
+        }
+    }
+
+    fn refund(&self, permit: SessionPermit) {
+        if let Some((entry, cost)) = &permit.0 {
+            let mut s = lock(entry);
+            s.tokens += cost;
+            s.consumed -= cost / self.inner.config.load().window_size.as_secs_f64();
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! One session's state ([`Session`]) and a tenant's unverified pool ([`Pool`]), each behind
+//! its own mutex and touched only by its own calls: the window, health, refusal hints, storm
+//! state and budget, and what a call does to them as it arrives, starts and is refused; with
+//! the constants that bound the hints a session is judged by and mark a storm. The guard's
+//! table holds these; nothing here reaches the table.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use super::SessionGuard;
+use super::config::{ERRORS_ALLOWED, SessionConfig};
+use crate::call::{Call, SessionId, Tenant};
+use crate::entropy::score::{HINTS_IGNORED_ALLOWED, Signals, Tolerances};
+use crate::entropy::window::SessionWindow;
+use crate::stats::{Ewma, OwnBaselines, Recent};
+
+/// How a tenant's unverified pool is named in the top-N view: this, then the tenant.
+pub const UNVERIFIED_PREFIX: &str = "~unverified:";
+
+/// One session's state (or a tenant's unverified pool); its own mutex, touched only by its
+/// own calls.
+#[derive(Debug)]
+pub(super) struct Session {
+    pub(super) id: SessionId,
+    pub(super) window: SessionWindow,
+    pub(super) errors: Ewma,
+    pub(super) latency: Ewma,
+    pub(super) entropy_baseline: Ewma,
+    /// Its own healthy latency per tool it calls.
+    pub(super) own: OwnBaselines,
+    pub(super) tokens: f64,
+    pub(super) factor: f64,
+    pub(super) score: f64,
+    pub(super) last: u64,
+    pub(super) consumed: f64,
+    pub(super) calls: u64,
+    /// Calls that finished (their outcome observed).
+    pub(super) finished: u64,
+    /// Failures within about one window (decaying with the window as time constant).
+    pub(super) failures: Recent,
+    /// When the last refusal told a client to come back, ns: the next refusal's wait starts
+    /// after it, so the hints of a burst are spread over the refill instead of colliding.
+    pub(super) hinted: u64,
+    /// When its last [`HINTS_KEPT`] refusals told it to come back, ns (a ring, `next` the
+    /// oldest). A call arriving while its last [`callers`](Self::callers) are all still ahead
+    /// comes from a client that is not waiting for them.
+    pub(super) waits: [u64; HINTS_KEPT],
+    pub(super) next: usize,
+    /// Its calls admitted and not yet over (answered, dropped or refunded).
+    pub(super) in_flight: u32,
+    /// When its last call arrived, ns, and how many arrived in a row each within
+    /// [`HINTS_REACTION`] of the one before (sent at once, by as many callers).
+    pub(super) arrived_at: u64,
+    pub(super) burst: u32,
+    /// The most calls it has had in flight at once, or sent at once: how many callers it has
+    /// shown it runs, each of which may be waiting a hint of its own.
+    pub(super) callers: u32,
+    /// When its last refusal was given, ns, and how many refusals in a row came within
+    /// [`HINTS_REACTION`] of the one before (one burst or batch, refused at once).
+    pub(super) refused_at: u64,
+    pub(super) quick: usize,
+    /// Its calls that arrived so, within about a window.
+    pub(super) ignored: Recent,
+    /// Its calls (refused before the guard or not), and those refused by any stage, within
+    /// about a window.
+    pub(super) asked: Recent,
+    pub(super) refusals: Recent,
+    pub(super) rejected: u64,
+    /// In the storm state (logged on entry and exit): entered when the factor falls below
+    /// [`STORM_ENTER`], left when it is back at [`STORM_LEAVE`] or above.
+    pub(super) storm: bool,
+    /// The share of its budget's rate that refills its bucket: below 1 on probation, doubled
+    /// by each healthy finished call.
+    pub(super) trust: f64,
+    /// On probation: the pool whose newcomer place it holds, given back when it graduates.
+    pub(super) probation: Option<Arc<Pool>>,
+    /// A tenant's unverified pool: on probation for good.
+    pub(super) pool: bool,
+}
+
+/// A tenant's unverified pool: the one session state charged for every call of the tenant on
+/// an id the MCP server has not accepted (so ids made up per call are one session here), and
+/// the tenant's newcomer allowance.
+#[derive(Debug)]
+pub(super) struct Pool {
+    pub(super) state: Arc<Mutex<Session>>,
+    /// New sessions the tenant may start now, and when it was last refilled.
+    newcomers: Mutex<(f64, u64)>,
+}
+
+impl Pool {
+    pub(super) fn new(tenant: &Tenant, config: &SessionConfig, now: u64) -> Self {
+        let id = SessionId::new(format!("{UNVERIFIED_PREFIX}{tenant}"));
+        let mut state = SessionGuard::session(id, config, now);
+        state.pool = true;
+        state.trust = config.probation;
+        Pool {
+            state: Arc::new(Mutex::new(state)),
+            newcomers: Mutex::new((config.new_session_burst, now)),
+        }
+    }
+
+    /// Takes a newcomer place, if the tenant has one.
+    pub(super) fn admit_newcomer(&self, now: u64, config: &SessionConfig) -> bool {
+        let mut a = self
+            .newcomers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let dt = Duration::from_nanos(now.saturating_sub(a.1)).as_secs_f64();
+        a.1 = now;
+        a.0 = (a.0 + config.new_session_rate * dt).min(config.new_session_burst);
+        if a.0 >= 1.0 {
+            a.0 -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Gives a newcomer place back.
+    pub(super) fn release_newcomer(&self, config: &SessionConfig) {
+        let mut a = self
+            .newcomers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        a.0 = (a.0 + 1.0).min(config.new_session_burst);
+    }
+}
+
+/// The refusals' waits a session's state keeps: a client whose callers each wait their own
+/// refusal's hint has at most one wait ahead per caller, so a call arriving while as many
+/// waits as it has callers are all ahead ignored at least one. Its callers are counted as the
+/// most calls it has had in flight at once or sent at once, at least [`HINTS_CALLERS`] and at
+/// most this (an MCP host runs fewer tool calls at once).
+pub const HINTS_KEPT: usize = 16;
+
+/// The callers a client is assumed to run before it has shown more calls in flight or sent at
+/// once.
+pub const HINTS_CALLERS: usize = 4;
+
+/// Refusals given within this of each other went to one burst or one batch, sent at once
+/// before the client could read any of them (a client takes longer to read a refusal and call
+/// again): while the last refusals a call is judged by (one per caller) all came so, a call
+/// arriving before their waits does not count as ignoring them.
+pub const HINTS_REACTION: Duration = Duration::from_millis(1);
+/// [`HINTS_REACTION`] in ns.
+const REACTION_NS: u64 = HINTS_REACTION.as_nanos() as u64;
+
+/// A session whose budget factor falls below this is logged as entering a storm.
+const STORM_ENTER: f64 = 0.5;
+/// A session in a storm whose factor is back at this or above is logged as leaving it.
+const STORM_LEAVE: f64 = 0.9;
+
+/// Seconds as nanoseconds, saturating.
+pub(super) fn secs_ns(secs: f64) -> u64 {
+    (secs.max(0.0) * 1e9).min(u64::MAX as f64) as u64
+}
+
+impl Session {
+    /// How much its error rate counts, in [0, 1]: nothing while it has failed at most
+    /// [`ERRORS_ALLOWED`] times within about a window, in full from twice that.
+    fn error_volume(&self, now: u64, window: f64) -> f64 {
+        let failures = self.failures.at(now, window);
+        ((failures - ERRORS_ALLOWED) / ERRORS_ALLOWED).clamp(0.0, 1.0)
+    }
+
+    /// A call of this client arrives now, with resource key `key` of `weight`: in its window,
+    /// and counted as ignoring a wait when its last refusals, one per caller it has shown
+    /// ([`HINTS_CALLERS`] to [`HINTS_KEPT`]; calls sent at once, each within
+    /// [`HINTS_REACTION`] of the one before, show as many callers), all told it to come back
+    /// later than now (and were not all given at once).
+    pub(super) fn arrive(&mut self, now: u64, window: f64, key: u64, weight: u32) {
+        self.window.record(Duration::from_nanos(now), key, weight);
+        self.asked.add(now, window, 1.0);
+        self.burst = if now.saturating_sub(self.arrived_at) < REACTION_NS {
+            self.burst.saturating_add(1)
+        } else {
+            1
+        };
+        self.arrived_at = now;
+        self.callers = self.callers.max(self.burst);
+        let callers = (self.callers as usize).clamp(HINTS_CALLERS, HINTS_KEPT);
+        let ahead = |i: usize| self.waits[(self.next + HINTS_KEPT - i) % HINTS_KEPT] > now;
+        if self.quick < callers - 1 && (1..=callers).all(ahead) {
+            self.ignored.add(now, window, 1.0);
+        }
+    }
+
+    /// One of its calls was admitted: in flight until its permit is dropped.
+    pub(super) fn start(&mut self) {
+        self.in_flight = self.in_flight.saturating_add(1);
+        self.callers = self.callers.max(self.in_flight);
+    }
+
+    /// One of its calls was refused now; with `wait`, the refusal told the whole client (its
+    /// session's budget or share is spent) to come back after it.
+    pub(super) fn refused(&mut self, now: u64, window: f64, wait: Option<Duration>) {
+        self.refusals.add(now, window, 1.0);
+        let Some(wait) = wait else { return };
+        self.quick = if now.saturating_sub(self.refused_at) < REACTION_NS {
+            self.quick.saturating_add(1)
+        } else {
+            0
+        };
+        self.refused_at = now;
+        self.waits[self.next] =
+            now.saturating_add(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
+        self.next = (self.next + 1) % HINTS_KEPT;
+    }
+
+    /// What its score is computed from now, and the tolerances it is judged by.
+    pub(super) fn signals(&self, now: u64, config: &SessionConfig) -> (Signals, Tolerances) {
+        let window = config.window_size.as_secs_f64();
+        let signals = Signals {
+            entropy: self.window.entropy(),
+            entropy_baseline: self.entropy_baseline.value(),
+            error_rate: self.errors.value().unwrap_or(0.0) * self.error_volume(now, window),
+            latency_ratio: self.latency.value().unwrap_or(1.0),
+            ignored_hints: self.ignored.at(now, window),
+            // Counted at volume: a few refusals of a few calls are no share.
+            refused_share: self.refusals.at(now, window)
+                / self.asked.at(now, window).max(HINTS_IGNORED_ALLOWED),
+        };
+        let tolerances = Tolerances {
+            error_rate: config.error_tolerance,
+            latency_ratio: config.latency_tolerance,
+            ignored_hints: HINTS_IGNORED_ALLOWED,
+        };
+        (signals, tolerances)
+    }
+
+    /// Logs a change of storm state (the session as a hash: its id is the client's choice).
+    pub(super) fn note_storm(&mut self) {
+        let storm = if self.storm {
+            self.factor < STORM_LEAVE
+        } else {
+            self.factor < STORM_ENTER
+        };
+        if storm == self.storm {
+            return;
+        }
+        self.storm = storm;
+        let mut h = DefaultHasher::new();
+        self.id.hash(&mut h);
+        let session = format!("{:016x}", h.finish());
+        if storm {
+            tracing::warn!(
+                session,
+                score = self.score,
+                factor = self.factor,
+                "session entered the storm state"
+            );
+        } else {
+            tracing::info!(
+                session,
+                score = self.score,
+                factor = self.factor,
+                "session left the storm state"
+            );
+        }
+    }
+}
+
+/// What a call counts for in its session's window: its weight, or one.
+pub(super) fn weight_of(call: &Call, config: &SessionConfig) -> u32 {
+    if config.weighted { call.cost.max(1) } else { 1 }
+}
