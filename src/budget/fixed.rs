@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use super::charge::{Bucket, Refusal, Taking};
 use super::gcra::{Gcra, interval_for_rate};
+use super::taking::{Bucket, Refusal, Taking};
 use super::tenants::{TenantState, Tenants};
 use crate::policy::Policy;
 use crate::rejection::{Reason, Scope};

@@ -19,9 +19,9 @@
 //!
 //! The budget is a facade over parts chained in this order, each ticked in turn by the
 //! ticker ([`Budget::spawn_ticker`]): the global budget with its controller (`global.rs`), the
-//! tenants' shares (`tenants.rs`, split by [`allocate`] in `tenant.rs`), fixed mode's limits
+//! tenants' shares (`tenants.rs`, split by [`allocate`] in `shares.rs`), fixed mode's limits
 //! (`fixed.rs`) and the cluster's leases (a gate of [`distributed`](crate::distributed)'s). A
-//! call's charges to them are one list (`charge.rs`), taken in order and given back together.
+//! call's charges to them are one list (`taking.rs`), taken in order and given back together.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -37,14 +37,14 @@
 //! ```
 
 mod census;
-mod charge;
 mod controller;
 mod fair;
 mod fixed;
 mod gcra;
 mod global;
 mod sampler;
-mod tenant;
+mod shares;
+mod taking;
 mod tenants;
 mod trend;
 
@@ -54,7 +54,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use controller::{BudgetConfig, Health};
-pub use tenant::TenantConfig;
+pub use shares::TenantConfig;
 // The pure cores below are public for the crate's proptests, benches and demo, not an API
 // a service builds on: hidden from the docs.
 #[doc(hidden)]
@@ -64,7 +64,7 @@ pub use controller::{Controller, TickStats};
 #[doc(hidden)]
 pub use gcra::{Gcra, RESERVE, SPREAD_MIN, gcra_check, interval_for_rate};
 #[doc(hidden)]
-pub use tenant::{DEMAND_HEADROOM, allocate};
+pub use shares::{DEMAND_HEADROOM, allocate};
 
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::{Call, Tenant};
@@ -78,9 +78,9 @@ use crate::policy::{Mode, Policy, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
 use crate::snapshot::{Live, Part};
 use arc_swap::ArcSwap;
-use charge::{Bucket, Charged, GLOBAL, Ledger, Refusal, TENANT, Taking};
 use fixed::Fixed;
 use global::Global;
+use taking::{Bucket, Charged, GLOBAL, Ledger, Refusal, TENANT, Taking};
 use tenants::{Newcomer, TenantState, Tenants};
 
 /// The shared budget state. A cheap handle: clones share everything.

@@ -17,7 +17,7 @@ use super::Settings;
 use super::fair;
 use super::fixed;
 use super::gcra::{Gcra, interval_for_rate};
-use super::tenant::allocate;
+use super::shares::allocate;
 use crate::bounded::Bounded;
 use crate::bounded::OVERFLOW;
 use crate::call::Tenant;
