@@ -55,8 +55,9 @@ impl FifoLimitLayer {
         }
     }
 
-    /// Replaces the tool-to-key map (a reload).
-    pub fn set_tool_keys(&self, keys: HashMap<String, String>) {
+    /// Replaces the tool-to-key map (a reload, through `Control`; a hand-built stack passes
+    /// the map to the layer it builds).
+    pub(crate) fn set_tool_keys(&self, keys: HashMap<String, String>) {
         self.shared.tool_keys.store(Arc::new(keys));
     }
 

@@ -284,8 +284,8 @@ impl ResourceLimiter {
     }
 
     /// Lets every caller through at once (`true`: waiting callers are released now) or applies
-    /// the limits again (`false`). The kill switch sets it.
-    pub fn set_bypass(&self, bypass: bool) {
+    /// the limits again (`false`). The kill switch sets it (`Control`'s mode and features).
+    pub(crate) fn set_bypass(&self, bypass: bool) {
         if self.inner.bypass.swap(bypass, Ordering::SeqCst) == bypass {
             return;
         }
