@@ -1,0 +1,152 @@
+//! The idempotency layer's release paths, one by one, around tower-test's mock service (paused
+//! time: exact): a key's first call dropped while it runs keeps nothing, so its retry runs; a
+//! duplicate dropped while it waits for the first leaves the first's answer kept for later
+//! duplicates; the first dropped while a duplicate waits lets the duplicate run in its place;
+//! a service error keeps nothing.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use common::{body_json, request};
+use http::{Request, Response};
+use serde_json::json;
+use stormgate::classify::ClassifyLayer;
+use stormgate::idempotency::{IdempotencyConfig, IdempotencyLayer};
+use tower::util::BoxCloneService;
+use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower_test::mock;
+
+type Stack = BoxCloneService<Request<Body>, Response<Body>, BoxError>;
+type Handle = mock::Handle<Request<Body>, Response<Body>>;
+type Answer = tokio::task::JoinHandle<Result<Response<Body>, BoxError>>;
+
+/// Classification and the idempotency layer (`create_order` listed) around the mock.
+fn stack() -> (Stack, Handle) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let config = IdempotencyConfig {
+        tools: ["create_order".to_owned()].into(),
+        ..IdempotencyConfig::default()
+    };
+    let stack = ServiceBuilder::new()
+        .layer(ClassifyLayer::new())
+        .layer(IdempotencyLayer::new(config).unwrap())
+        .service(service);
+    (BoxCloneService::new(stack), handle)
+}
+
+/// Sends call `id` of `create_order` with idempotency key `k1` through `stack` on its own
+/// task.
+fn order(stack: &Stack, id: u64) -> Answer {
+    let req = request(
+        Some("s"),
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": "create_order", "arguments": {"item": "a"},
+                          "_meta": {"idempotency_key": "k1"}}}),
+    );
+    tokio::spawn(stack.clone().oneshot(req))
+}
+
+/// The id of the next call that reached the service, if one does within a second.
+async fn reached(handle: &mut Handle) -> Option<(u64, mock::SendResponse<Response<Body>>)> {
+    let (req, send) = tokio::time::timeout(Duration::from_secs(1), handle.next_request())
+        .await
+        .ok()??;
+    let body = axum::body::to_bytes(req.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let message: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    Some((message["id"].as_u64().unwrap(), send))
+}
+
+/// A whole JSON-RPC answer to `id`, its result naming the order.
+fn answer(id: u64) -> Response<Body> {
+    let body = json!({"jsonrpc": "2.0", "id": id,
+                      "result": {"content": [{"type": "text", "text": "order 7"}], "isError": false}});
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answered_call_is_kept_and_a_duplicate_never_runs() {
+    let (stack, mut handle) = stack();
+    let first = order(&stack, 1);
+    let (id, send) = reached(&mut handle).await.expect("the first runs");
+    assert_eq!(id, 1);
+    send.send_response(answer(1));
+    assert_eq!(body_json(first.await.unwrap().unwrap()).await["id"], 1);
+    let again = body_json(order(&stack, 2).await.unwrap().unwrap()).await;
+    assert_eq!(again["id"], 2, "replayed with its own id");
+    assert_eq!(again["result"]["content"][0]["text"], "order 7", "{again}");
+    assert!(
+        reached(&mut handle).await.is_none(),
+        "the duplicate never ran"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_call_dropped_while_it_runs_keeps_nothing_and_its_retry_runs() {
+    let (stack, mut handle) = stack();
+    let first = order(&stack, 1);
+    let (_, send) = reached(&mut handle).await.expect("the first runs");
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    drop(send);
+    let retry = order(&stack, 2);
+    let (id, send) = reached(&mut handle).await.expect("the retry runs");
+    assert_eq!(id, 2);
+    send.send_response(answer(2));
+    assert_eq!(body_json(retry.await.unwrap().unwrap()).await["id"], 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_dropped_while_it_waits_leaves_the_first_answer_kept() {
+    let (stack, mut handle) = stack();
+    let first = order(&stack, 1);
+    let (_, send) = reached(&mut handle).await.expect("the first runs");
+    let waiting = order(&stack, 2);
+    assert!(reached(&mut handle).await.is_none(), "the duplicate waits");
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    send.send_response(answer(1));
+    assert_eq!(body_json(first.await.unwrap().unwrap()).await["id"], 1);
+    let later = body_json(order(&stack, 3).await.unwrap().unwrap()).await;
+    assert_eq!(later["id"], 3);
+    assert_eq!(later["result"]["content"][0]["text"], "order 7", "{later}");
+    assert!(reached(&mut handle).await.is_none(), "nothing ran twice");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_call_dropped_while_a_duplicate_waits_lets_the_duplicate_run() {
+    let (stack, mut handle) = stack();
+    let first = order(&stack, 1);
+    let (_, send) = reached(&mut handle).await.expect("the first runs");
+    let waiting = order(&stack, 2);
+    assert!(reached(&mut handle).await.is_none(), "the duplicate waits");
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    drop(send);
+    let (id, send) = reached(&mut handle)
+        .await
+        .expect("the duplicate runs in its place");
+    assert_eq!(id, 2);
+    send.send_response(answer(2));
+    assert_eq!(body_json(waiting.await.unwrap().unwrap()).await["id"], 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_service_error_keeps_nothing_and_the_retry_runs() {
+    let (stack, mut handle) = stack();
+    let first = order(&stack, 1);
+    let (_, send) = reached(&mut handle).await.expect("the first runs");
+    send.send_error("the service failed");
+    assert!(first.await.unwrap().is_err(), "the error is the caller's");
+    let retry = order(&stack, 2);
+    let (id, send) = reached(&mut handle).await.expect("the retry runs");
+    assert_eq!(id, 2);
+    send.send_response(answer(2));
+    assert_eq!(body_json(retry.await.unwrap().unwrap()).await["id"], 2);
+}
