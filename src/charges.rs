@@ -14,18 +14,43 @@
 //! client that sends batches the server refuses, or calls on a session that does not exist,
 //! spends nothing of anyone's budget.
 //!
+//! The charges also say whether the call was admitted **beyond its client's fair share** (the
+//! budget admitted it from what lighter clients left unused, see `budget::fair`): a resource
+//! whose queue is full makes room for a call within its share by refusing the newest waiter
+//! admitted beyond it ([`ResourceLimiter`](crate::fifo::ResourceLimiter)), so the excess is
+//! what a full resource refuses, not whoever came last.
+//!
 //! [`Admission`]: crate::admit::Admission
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 type Refund = Box<dyn FnOnce() + Send>;
 
 /// The refunds of one call, shared by every copy of it. Cheap to clone.
 #[derive(Clone, Default)]
-pub struct Charges(Arc<Mutex<Vec<Refund>>>);
+pub struct Charges(Arc<Ledger>);
+
+#[derive(Default)]
+struct Ledger {
+    refunds: Mutex<Vec<Refund>>,
+    /// Admitted beyond its client's fair share.
+    beyond_share: AtomicBool,
+}
 
 impl Charges {
+    /// Records that the call was admitted beyond its client's fair share of a budget.
+    pub(crate) fn set_beyond_share(&self) {
+        self.0.beyond_share.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the call was admitted beyond its client's fair share of a budget: a full
+    /// resource queue may refuse it to make room for a call within its share.
+    pub(crate) fn beyond_share(&self) -> bool {
+        self.0.beyond_share.load(Ordering::Relaxed)
+    }
+
     /// Records what to do to give a charge back.
     pub fn push(&self, refund: impl FnOnce() + Send + 'static) {
         self.lock().push(Box::new(refund));
@@ -51,7 +76,10 @@ impl Charges {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Refund>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0
+            .refunds
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 

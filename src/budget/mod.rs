@@ -465,6 +465,10 @@ pub struct BudgetPermit {
 }
 
 impl Budget {
+    /// Adaptive admission: the global bucket, the tenant's share and the cluster's leases,
+    /// each spending its reserve only on calls within their client's fair share. A call
+    /// admitted beyond it (its client, or its tenant among several, is not light) is marked so
+    /// in its charges, for the resources it then waits for.
     fn admit_adaptive(
         &self,
         call: &Call,
@@ -490,7 +494,11 @@ impl Budget {
                 .as_ref()
                 .is_some_and(|u| fair::Clients::ask(u, now, ask, &inner.global.fair));
             taking.take(Bucket::Global, under, GLOBAL)?;
-            return taking.leases(leasing, false);
+            taking.leases(leasing, false)?;
+            if !under {
+                call.charges.set_beyond_share();
+            }
+            return Ok(());
         }
         let tenant = self.tenant(&call.tenant);
         tenant
@@ -509,7 +517,12 @@ impl Budget {
             .and_then(|()| taking.take(Bucket::Global, tenant_under, GLOBAL))
             .and_then(|()| taking.leases(leasing, true))
         {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                if !tenant_under {
+                    call.charges.set_beyond_share();
+                }
+                return Ok(());
+            }
             Err(refused) => refused,
         };
         // The guaranteed minimum is part of the budget: charged to the global bucket (into

@@ -43,6 +43,14 @@ const HOLD_ALPHA: f64 = 0.3;
 /// * **Order**: waiters are served in FIFO order per key. With `max_concurrent_per_account`,
 ///   a waiter whose account is full is passed over by waiters of other accounts (FIFO among
 ///   those that can run); among the waiters of one account the order is strict.
+/// * **A full queue refuses the excess**: in the inbound layer, a call that finds the queue at
+///   its depth takes the place of the newest waiter the adaptive budget admitted beyond its
+///   client's fair share, which is refused `queue_full` as the call would have been; only when
+///   no such waiter is queued is the call refused. So clients within their share are not
+///   refused because heavier ones filled the queue first. Callers of [`acquire`] are all
+///   within their share: first come, first served.
+///
+/// [`acquire`]: ResourceLimiter::acquire
 /// * **Cancel safety**: dropping an [`Acquire`] future removes the waiter at once and lets the
 ///   next one be considered; dropping a [`Lease`] (success, error, panic, cancellation) frees
 ///   its slot and admits the next waiter. No background task is needed: the first waiter that
@@ -261,6 +269,7 @@ impl ResourceLimiter {
         Acquire {
             key,
             account,
+            evictable: false,
             deadline,
             state: AcquireState::Start,
         }
@@ -366,6 +375,10 @@ struct KeyState {
 
 struct Waiter {
     account: Option<Arc<str>>,
+    /// Admitted beyond its client's fair share: a caller within its share may take its place.
+    evictable: bool,
+    /// Its place was taken while it waited: the wait it is refused with.
+    evicted: Option<Duration>,
     enqueued: Instant,
     waker: Option<Waker>,
     /// When the pump admitted it; the waiter picks its lease up at its next poll.
@@ -556,6 +569,8 @@ impl Key {
 pub struct Acquire {
     key: Arc<Key>,
     account: Option<Arc<str>>,
+    /// Whether a caller within its fair share may take its place in a full queue.
+    evictable: bool,
     /// The call's whole-round deadline.
     deadline: Option<Instant>,
     state: AcquireState,
@@ -581,6 +596,14 @@ impl fmt::Debug for Acquire {
 }
 
 impl Acquire {
+    /// Marks the caller as admitted beyond its client's fair share (`true`): while it waits,
+    /// a caller within its share that finds the queue full takes its place, and it is
+    /// refused [`AcquireError::QueueFull`]. Callers are not evictable by default.
+    pub(crate) fn evictable(mut self, evictable: bool) -> Self {
+        self.evictable = evictable;
+        self
+    }
+
     fn lease(&self, admitted: Instant, queue_wait: Duration) -> Lease {
         Lease {
             key: self.key.clone(),
@@ -637,13 +660,30 @@ impl Acquire {
                 .max_queue_depth
                 .is_some_and(|depth| state.queue.len() >= depth)
         {
+            // Whoever is refused waits as a newcomer at the back would.
             let position = state.queue.len() + 1;
             let retry_after = key.estimate_wait(&mut state, position, now);
             key.metrics.rejected_full.increment(1);
-            return Err(AcquireError::QueueFull {
-                depth: state.queue.len(),
-                retry_after,
-            });
+            let newest_evictable = if self.evictable {
+                None
+            } else {
+                state
+                    .queue
+                    .iter()
+                    .rposition(|id| state.waiters[id].evictable)
+            };
+            let Some(pos) = newest_evictable else {
+                return Err(AcquireError::QueueFull {
+                    depth: state.queue.len(),
+                    retry_after,
+                });
+            };
+            let id = state.queue.remove(pos).expect("a queued position");
+            let evicted = state.waiters.get_mut(&id).expect("queued waiters exist");
+            evicted.evicted = Some(retry_after);
+            if let Some(w) = evicted.waker.take() {
+                w.wake();
+            }
         }
         let id = state.next_id;
         state.next_id += 1;
@@ -652,6 +692,8 @@ impl Acquire {
             id,
             Waiter {
                 account: self.account.clone(),
+                evictable: self.evictable,
+                evicted: None,
                 enqueued: now,
                 waker: None,
                 granted: None,
@@ -712,6 +754,13 @@ impl Future for Acquire {
                 drop(state);
                 this.state = AcquireState::Done;
                 return Poll::Ready(Ok(this.lease(at, at - enqueued)));
+            }
+            if let Some(retry_after) = state.waiters[&id].evicted {
+                state.waiters.remove(&id);
+                let depth = state.queue.len();
+                drop(state);
+                this.state = AcquireState::Done;
+                return Poll::Ready(Err(AcquireError::QueueFull { depth, retry_after }));
             }
             if deadline.as_mut().is_some_and(|d| d.deadline() <= now) {
                 let position = state.queue.iter().position(|&q| q == id).unwrap_or(0) + 1;
@@ -834,5 +883,164 @@ impl Drop for Lease {
         });
         self.key.release(&mut state, self.account.as_ref());
         self.key.pump(&mut state, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroUsize;
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+
+    /// One place, a queue of `depth`.
+    fn limiter(depth: usize) -> ResourceLimiter {
+        let limits = ResourceLimits::default()
+            .max_concurrent(NonZeroUsize::MIN)
+            .max_queue_depth(depth);
+        ResourceLimiter::builder().key("db", limits).build()
+    }
+
+    /// Polls `acquire` once.
+    fn poll(acquire: &mut Acquire) -> Poll<Result<Lease, AcquireError>> {
+        Pin::new(acquire).poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    #[test]
+    fn a_call_within_its_share_takes_the_place_of_the_newest_excess_waiter() {
+        let limiter = limiter(3);
+        let mut running = limiter.acquire("db", None);
+        let Poll::Ready(Ok(lease)) = poll(&mut running) else {
+            panic!("the free place")
+        };
+        let mut excess: Vec<Acquire> = (0..2)
+            .map(|_| limiter.acquire("db", None).evictable(true))
+            .collect();
+        let mut fair = limiter.acquire("db", None);
+        for a in excess.iter_mut().chain([&mut fair]) {
+            assert!(poll(a).is_pending());
+        }
+        // Full: a call within its share refuses the newest excess waiter, not itself.
+        let mut within = limiter.acquire("db", None);
+        assert!(poll(&mut within).is_pending());
+        let Poll::Ready(Err(AcquireError::QueueFull { depth: 3, .. })) = poll(&mut excess[1])
+        else {
+            panic!("the newest excess waiter is refused")
+        };
+        // Another excess call finds it full and is refused itself.
+        let mut more = limiter.acquire("db", None).evictable(true);
+        assert!(matches!(
+            poll(&mut more),
+            Poll::Ready(Err(AcquireError::QueueFull { .. }))
+        ));
+        // The next call within its share refuses the other excess waiter; the one after it
+        // finds no excess left and is refused itself.
+        let mut second = limiter.acquire("db", None);
+        assert!(poll(&mut second).is_pending());
+        assert!(matches!(
+            poll(&mut excess[0]),
+            Poll::Ready(Err(AcquireError::QueueFull { .. }))
+        ));
+        let mut third = limiter.acquire("db", None);
+        assert!(matches!(
+            poll(&mut third),
+            Poll::Ready(Err(AcquireError::QueueFull { .. }))
+        ));
+        // The rest run in their order.
+        drop(lease);
+        for a in [&mut fair, &mut within, &mut second] {
+            let Poll::Ready(Ok(lease)) = poll(a) else {
+                panic!("admitted in order")
+            };
+            drop(lease);
+        }
+        assert_eq!(limiter.queue_depth("db"), 0);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Arrive { evictable: bool },
+        Release,
+        Cancel(usize),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            any::<bool>().prop_map(|evictable| Op::Arrive { evictable }),
+            Just(Op::Release),
+            (0usize..8).prop_map(Op::Cancel),
+        ]
+    }
+
+    proptest::proptest! {
+        /// One place and a queue of `depth`, against a naive model: who runs, who waits in
+        /// which order, and who is refused.
+        #[test]
+        fn a_full_queue_refuses_the_newest_excess_waiter_as_a_model_does(
+            depth in 1usize..4,
+            ops in proptest::collection::vec(op(), 1..40),
+        ) {
+            let limiter = limiter(depth);
+            // The model: the running caller, the queue (id, evictable), the refused.
+            let (mut running, mut queue, mut refused) = (None::<usize>, Vec::<(usize, bool)>::new(), Vec::new());
+            let mut waiting: Vec<(usize, Acquire)> = Vec::new();
+            let mut lease: Option<(usize, Lease)> = None;
+            let mut got_refused = Vec::new();
+            for (id, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Arrive { evictable } => {
+                        if running.is_none() && queue.is_empty() {
+                            running = Some(id);
+                        } else if queue.len() < depth {
+                            queue.push((id, evictable));
+                        } else if let Some(p) = queue.iter().rposition(|w| w.1).filter(|_| !evictable) {
+                            refused.push(queue.remove(p).0);
+                            queue.push((id, evictable));
+                        } else {
+                            refused.push(id);
+                        }
+                        waiting.push((id, limiter.acquire("db", None).evictable(evictable)));
+                    }
+                    Op::Release => {
+                        if running.take().is_some() {
+                            running = (!queue.is_empty()).then(|| queue.remove(0).0);
+                        }
+                        lease = None;
+                    }
+                    Op::Cancel(k) => {
+                        if !queue.is_empty() {
+                            let k = k % queue.len();
+                            let (gone, _) = queue.remove(k);
+                            waiting.retain(|(w, _)| *w != gone);
+                        }
+                    }
+                }
+                // Every caller polled, oldest first, as their tasks would be; twice, so one
+                // refused or admitted by a later caller's first poll sees it.
+                for _ in 0..2 {
+                    let mut still = Vec::new();
+                    for (w, mut a) in waiting {
+                        match poll(&mut a) {
+                            Poll::Pending => still.push((w, a)),
+                            Poll::Ready(Ok(l)) => {
+                                proptest::prop_assert!(lease.is_none(), "two running");
+                                lease = Some((w, l));
+                            }
+                            Poll::Ready(Err(_)) => got_refused.push(w),
+                        }
+                    }
+                    waiting = still;
+                }
+                got_refused.sort_unstable();
+                let mut want = refused.clone();
+                want.sort_unstable();
+                proptest::prop_assert_eq!(&got_refused, &want);
+                proptest::prop_assert_eq!(lease.as_ref().map(|l| l.0), running);
+                let queued: Vec<usize> = queue.iter().map(|w| w.0).collect();
+                let pending: Vec<usize> = waiting.iter().map(|w| w.0).collect();
+                proptest::prop_assert_eq!(pending, queued);
+            }
+        }
     }
 }

@@ -209,7 +209,16 @@ impl<S> FifoLimit<S> {
                     .iter()
                     .filter_map(|&i| calls.calls[i].deadline)
                     .min();
-                let acquire = self.shared.limiter.acquire_until(key, account, deadline);
+                // Its place may go to a call within its share only if every call it covers
+                // was admitted beyond theirs.
+                let evictable = indices
+                    .iter()
+                    .all(|&i| calls.calls[i].charges.beyond_share());
+                let acquire = self
+                    .shared
+                    .limiter
+                    .acquire_until(key, account, deadline)
+                    .evictable(evictable);
                 (indices, acquire)
             })
             .collect()
