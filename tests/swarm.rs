@@ -89,10 +89,38 @@ async fn steady(router: Router, i: usize, end: Instant, outcomes: Outcomes) {
     }
 }
 
-async fn complex(router: Router, end: Instant, outcomes: Outcomes) {
+/// The complex agent: `callers` callers on one session, each pausing `pause` (ms, uniform)
+/// after each answer.
+async fn complex(
+    router: Router,
+    end: Instant,
+    outcomes: Outcomes,
+    callers: usize,
+    pause: (u64, u64),
+) {
     let session = common::session(&router).await;
-    let mut rng = Rng(99);
-    let mut n = 0;
+    let callers = (0..callers).map(|w| {
+        let (router, session, outcomes) = (router.clone(), session.clone(), outcomes.clone());
+        tokio::spawn(complex_caller(
+            router, session, w, callers, end, outcomes, pause,
+        ))
+    });
+    for c in callers.collect::<Vec<_>>() {
+        c.await.unwrap();
+    }
+}
+
+async fn complex_caller(
+    router: Router,
+    session: String,
+    w: usize,
+    callers: usize,
+    end: Instant,
+    outcomes: Outcomes,
+    pause: (u64, u64),
+) {
+    let mut rng = Rng(99 + w as u64);
+    let mut n = w;
     while Instant::now() < end {
         let topic = rng.next() % 20;
         let (tool, args) = match n % 5 {
@@ -117,10 +145,11 @@ async fn complex(router: Router, end: Instant, outcomes: Outcomes) {
                 json!({"item": format!("part-{topic}"), "quantity": 1}),
             ),
         };
-        n += 1;
+        n += callers;
         let (outcome, wait) = call(&router, &session, n, tool, args).await;
         count(&outcomes, &outcome);
-        tokio::time::sleep(Duration::from_millis(500.max(wait))).await;
+        let pause = rng.ms(pause.0, pause.1).max(Duration::from_millis(wait));
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -147,11 +176,17 @@ async fn sub_agent_caller(
     }
 }
 
-/// Steady agents are never refused beside the swarm, nor the calm complex agent; the swarm
-/// is, and is scored. Before a full database queue refused the excess instead of whoever came
-/// last, 13 of 177 steady calls and 5 of 106 complex ones were refused `queue_full`.
-#[tokio::test(start_paused = true)]
-async fn a_swarm_of_sixteen_searches_over_eight_sessions_refuses_nobody_else() {
+/// What each group of agents' calls ended as, and the sub-agents' factors each second from
+/// the swarm's start (`None` while a sub-agent waits in its tenant's unverified pool).
+struct Figures {
+    steady: BTreeMap<String, usize>,
+    complex: BTreeMap<String, usize>,
+    swarm: BTreeMap<String, usize>,
+    factors: Vec<Vec<Option<f64>>>,
+}
+
+/// Runs the agents for 60 s, the complex agent with `callers` callers each pausing `pause`.
+async fn run(callers: usize, pause: (u64, u64)) -> Figures {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/stormgate.toml");
     let config = Config::load(std::path::Path::new(path)).unwrap();
     let (router, control) = app::protected(app::Backend::new(), config).unwrap();
@@ -171,52 +206,96 @@ async fn a_swarm_of_sixteen_searches_over_eight_sessions_refuses_nobody_else() {
             steadies.clone(),
         )));
     }
-    tasks.push(tokio::spawn(complex(router.clone(), end, complex_.clone())));
-    {
-        let router = router.clone();
-        let swarm = swarm.clone();
-        tasks.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            let mut sessions = Vec::new();
-            for _ in 0..8 {
-                sessions.push(common::session(&router).await);
-            }
-            let callers = (0..16).map(|w| {
-                tokio::spawn(sub_agent_caller(
-                    router.clone(),
-                    sessions[w % 8].clone(),
-                    w,
-                    end,
-                    swarm.clone(),
-                ))
-            });
-            for c in callers.collect::<Vec<_>>() {
-                c.await.unwrap();
-            }
-        }));
+    tasks.push(tokio::spawn(complex(
+        router.clone(),
+        end,
+        complex_.clone(),
+        callers,
+        pause,
+    )));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let mut sessions = Vec::new();
+    for _ in 0..8 {
+        sessions.push(common::session(&router).await);
+    }
+    for w in 0..16 {
+        let (router, session) = (router.clone(), sessions[w % 8].clone());
+        tasks.push(tokio::spawn(sub_agent_caller(
+            router,
+            session,
+            w,
+            end,
+            swarm.clone(),
+        )));
+    }
+    let mut factors = Vec::new();
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let guard = control.sessions();
+        let factor = |s: &String| {
+            let summary = guard.summary(&stormgate::SessionId::new(s.as_str()));
+            summary.map(|s| s.factor)
+        };
+        factors.push(sessions.iter().map(factor).collect());
     }
     for t in tasks {
         t.await.unwrap();
     }
-    let steadies = steadies.lock().unwrap().clone();
-    let complex_ = complex_.lock().unwrap().clone();
-    let swarm = swarm.lock().unwrap().clone();
-    let not_ok = |o: &BTreeMap<String, usize>| {
-        o.iter()
-            .filter(|(k, _)| *k != "ok")
-            .map(|(k, n)| (k.clone(), *n))
-            .collect::<Vec<_>>()
-    };
+    let figures = |o: &Outcomes| o.lock().unwrap().clone();
+    Figures {
+        steady: figures(&steadies),
+        complex: figures(&complex_),
+        swarm: figures(&swarm),
+        factors,
+    }
+}
+
+/// The outcomes other than "ok".
+fn not_ok(o: &BTreeMap<String, usize>) -> Vec<(String, usize)> {
+    o.iter()
+        .filter(|(k, _)| *k != "ok")
+        .map(|(k, n)| (k.clone(), *n))
+        .collect()
+}
+
+/// Steady agents are never refused beside the swarm, nor the calm complex agent; the swarm
+/// is, and is scored. Before a full database queue refused the excess instead of whoever came
+/// last, 13 of 177 steady calls and 5 of 106 complex ones were refused `queue_full`.
+#[tokio::test(start_paused = true)]
+async fn a_swarm_of_sixteen_searches_over_eight_sessions_refuses_nobody_else() {
+    let Figures {
+        steady,
+        complex,
+        swarm,
+        factors,
+    } = run(1, (500, 500)).await;
     assert_eq!(
-        (not_ok(&steadies), not_ok(&complex_)),
+        (not_ok(&steady), not_ok(&complex)),
         (vec![], vec![]),
-        "steady {steadies:?}, complex {complex_:?}, swarm {swarm:?}"
+        "steady {steady:?}, complex {complex:?}, swarm {swarm:?}"
     );
+    // Scored: most sub-agents end at the storm floor (2% of their budget); the rest, alone
+    // once the others are cut, are no longer refused and have nothing to score.
+    let end = factors.last().unwrap();
+    let cut = end.iter().filter(|f| f.is_some_and(|f| f <= 0.02)).count();
+    assert!(cut >= 4, "sub-agents' factors at the end: {end:?}");
     assert!(
         swarm.get("session_storm").copied().unwrap_or(0) > 0,
-        "the swarm is scored: {swarm:?}"
+        "the swarm is refused for its score: {swarm:?}"
     );
     // Work-conserving: the database (20 scans a second) runs what the others leave.
     let scans = swarm.get("ok").copied().unwrap_or(0);
     assert!(scans >= 600, "the swarm's scans: {swarm:?}");
+}
+
+/// With the script's default complex agent (two callers, a call every 150-350 ms each: about
+/// 195 units/s, as much as a sub-agent asks) the steady agents are still never refused. The
+/// busy agent is, a few times (9 of 363, `global_budget_exceeded`): once the last sub-agents
+/// leave their tenant's unverified pool the budget is contended, the busy agent is as far
+/// above its max-min fair part as each sub-agent, and it shares their refusals until their
+/// score cuts them, about 7 s later (see docs/results.md).
+#[tokio::test(start_paused = true)]
+async fn beside_a_busier_complex_agent_the_steady_agents_are_still_never_refused() {
+    let Figures { steady, swarm, .. } = run(2, (150, 350)).await;
+    assert_eq!(not_ok(&steady), [], "steady {steady:?}, swarm {swarm:?}");
 }
