@@ -14,17 +14,17 @@
 //! client that sends batches the server refuses, or calls on a session that does not exist,
 //! spends nothing of anyone's budget.
 //!
-//! The charges also say whether the call was admitted **beyond its client's fair share** (the
-//! budget admitted it from what lighter clients left unused, see `budget::fair`): a resource
-//! whose queue is full makes room for a call within its share by refusing the newest waiter
-//! admitted beyond it ([`ResourceLimiter`](crate::fifo::ResourceLimiter)), so the excess is
-//! what a full resource refuses, not whoever came last.
+//! The charges also say whom the budget charged the call to (its client, as the session guard
+//! judges it) and whether it was admitted **beyond that client's fair share** (from what
+//! lighter clients left unused, see `budget::fair`): a resource whose queue is full makes room
+//! for a call within its share by refusing a waiter admitted beyond it, or else one of the
+//! client holding the most places ([`ResourceLimiter`](crate::fifo::ResourceLimiter)), so the
+//! excess is what a full resource refuses, not whoever came last.
 //!
 //! [`Admission`]: crate::admit::Admission
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 type Refund = Box<dyn FnOnce() + Send>;
 
@@ -35,20 +35,28 @@ pub struct Charges(Arc<Ledger>);
 #[derive(Default)]
 struct Ledger {
     refunds: Mutex<Vec<Refund>>,
-    /// Admitted beyond its client's fair share.
-    beyond_share: AtomicBool,
+    /// Whom the budget charged, and whether beyond the client's fair share.
+    charged_to: OnceLock<ChargedTo>,
+}
+
+/// Whom the budget charged a call to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChargedTo {
+    /// The client, as the session guard judges it (a keyed hash).
+    pub(crate) client: u64,
+    /// Admitted beyond the client's fair share.
+    pub(crate) beyond_share: bool,
 }
 
 impl Charges {
-    /// Records that the call was admitted beyond its client's fair share of a budget.
-    pub(crate) fn set_beyond_share(&self) {
-        self.0.beyond_share.store(true, Ordering::Relaxed);
+    /// Records whom the budget charged the call to (the first record stands).
+    pub(crate) fn set_charged_to(&self, charged_to: ChargedTo) {
+        let _ = self.0.charged_to.set(charged_to);
     }
 
-    /// Whether the call was admitted beyond its client's fair share of a budget: a full
-    /// resource queue may refuse it to make room for a call within its share.
-    pub(crate) fn beyond_share(&self) -> bool {
-        self.0.beyond_share.load(Ordering::Relaxed)
+    /// Whom the budget charged the call to, if it did.
+    pub(crate) fn charged_to(&self) -> Option<ChargedTo> {
+        self.0.charged_to.get().copied()
     }
 
     /// Records what to do to give a charge back.

@@ -299,3 +299,50 @@ async fn beside_a_busier_complex_agent_the_steady_agents_are_still_never_refused
     let Figures { steady, swarm, .. } = run(2, (150, 350)).await;
     assert_eq!(not_ok(&steady), [], "steady {steady:?}, swarm {swarm:?}");
 }
+
+/// One client's burst, read as within its share (a client known for a while asking sixteen
+/// scans at once: its demand over the budget's memory is modest), fills the database's queue;
+/// a steady agent's scan arriving after it takes the place of the burst's newest waiter
+/// instead of being refused. (Over real HTTP a stateless runaway's first burst did this while
+/// its token was still its tenant's unverified pool: 1 steady call of 199 refused.) The steady
+/// agent is the only other client and within its share: a client alone asks no more than its
+/// fair part.
+#[tokio::test(start_paused = true)]
+async fn a_burst_that_fills_the_queue_does_not_refuse_a_steady_agent_after_it() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/stormgate.toml");
+    let config = Config::load(std::path::Path::new(path)).unwrap();
+    let (router, control) = app::protected(app::Backend::new(), config).unwrap();
+    let _ = control.spawn();
+    let steady = common::session(&router).await;
+    let bursty = common::session(&router).await;
+    let scan = |n: usize| json!({"table": "orders", "filter": format!("region = {n}")});
+    assert_eq!(
+        call(&router, &bursty, 1, "cache_get", json!({"key": "a"}))
+            .await
+            .0,
+        "ok"
+    );
+    let mut refusals = Vec::new();
+    for n in 0..8 {
+        refusals.push(call(&router, &steady, n, "sql_scan", scan(0)).await.0);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let burst: Vec<_> = (0..16)
+        .map(|n| {
+            let (router, bursty) = (router.clone(), bursty.clone());
+            tokio::spawn(async move { call(&router, &bursty, 100 + n, "sql_scan", scan(n)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    refusals.push(call(&router, &steady, 8, "sql_scan", scan(0)).await.0);
+    let mut burst_outcomes = BTreeMap::<String, usize>::new();
+    for b in burst {
+        *burst_outcomes.entry(b.await.unwrap().0).or_default() += 1;
+    }
+    refusals.retain(|o| o != "ok");
+    assert_eq!(refusals, Vec::<String>::new(), "burst: {burst_outcomes:?}");
+    assert!(
+        burst_outcomes.get("queue_full").is_some_and(|&n| n > 0),
+        "the burst gave a place up: {burst_outcomes:?}"
+    );
+}

@@ -104,22 +104,40 @@ impl Part {
         self.clients.store(demands.len(), Ordering::Relaxed);
     }
 
-    /// How much a client may use and be light: [`LIGHT`] of the group's fair level. A client
-    /// no tick has counted yet (new, or asking less often than every [`ASKED`]) would get all
-    /// it asks up to that level too, and at least the rate split equally among the active
-    /// clients and itself. With fewer than two there is nobody to be fair to, and nobody is
-    /// under it (the reserve is for contention, not a bigger burst).
-    fn of(&self, counted: bool) -> f64 {
-        let n = self.clients.load(Ordering::Relaxed) + usize::from(!counted);
+    /// A client's fair part of the group's rate: the group's fair level; for a client no tick
+    /// has counted yet (new, or asking less often than every [`ASKED`]), at least the rate
+    /// split equally among the active clients and itself.
+    fn fair(&self, counted: bool) -> f64 {
         let level = f64::from_bits(self.level.load(Ordering::Relaxed));
-        if n < 2 {
-            -1.0
-        } else if counted {
-            LIGHT * level
-        } else {
-            LIGHT * level.max(f64::from_bits(self.rate.load(Ordering::Relaxed)) / n as f64)
+        if counted {
+            return level;
+        }
+        let n = self.clients.load(Ordering::Relaxed) + 1;
+        level.max(f64::from_bits(self.rate.load(Ordering::Relaxed)) / n as f64)
+    }
+
+    /// Where a client asking `demand` stands: light when it uses at most [`LIGHT`] of its fair
+    /// part and there are at least two active clients (with fewer there is nobody to be fair
+    /// to: the reserve is for contention, not a bigger burst); beyond its share when it asks
+    /// more than its fair part.
+    fn standing(&self, demand: f64, counted: bool) -> Standing {
+        let fair = self.fair(counted);
+        let n = self.clients.load(Ordering::Relaxed) + usize::from(!counted);
+        Standing {
+            light: n >= 2 && demand <= LIGHT * fair,
+            beyond: demand > fair,
         }
     }
+}
+
+/// Where a client stands against its fair part, as of one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Standing {
+    /// It may spend the bucket's reserve: at most [`LIGHT`] of its fair part, with someone to
+    /// be fair to.
+    pub(crate) light: bool,
+    /// It asks more than its fair part: what it is admitted is what others leave unused.
+    pub(crate) beyond: bool,
 }
 
 impl Usage {
@@ -181,20 +199,20 @@ impl Clients {
     }
 
     /// Counts a call of `cost` asked now by a client its own limit admits at most `allowed`
-    /// units/s, and tells whether the client's demand with it is light: at most [`LIGHT`] of
-    /// its fair part of `part`.
+    /// units/s, and tells where the client's demand with it stands against its fair part of
+    /// `part`.
     pub(crate) fn ask(
         usage: &Mutex<Usage>,
         now: u64,
         (cost, allowed): (f64, f64),
         part: &Part,
-    ) -> bool {
+    ) -> Standing {
         let mut u = lock(usage);
         u.decay(now);
         u.allowed = allowed;
         u.seen = u.seen.max(now);
         u.rate += cost / MEMORY.as_secs_f64();
-        u.demand(now) <= part.of(u.counted)
+        part.standing(u.demand(now), u.counted)
     }
 
     /// The demands of the active clients of each group now; forgets clients idle for
@@ -249,7 +267,7 @@ mod tests {
 
     /// Asks `cost` for a client no limit of its own holds back.
     fn ask(u: &Mutex<Usage>, now: u64, cost: f64, part: &Part) -> bool {
-        Clients::ask(u, now, (cost, f64::INFINITY), part)
+        Clients::ask(u, now, (cost, f64::INFINITY), part).light
     }
 
     /// A client its own limit holds to 2 units/s counts for 2 in its group's demands however
@@ -259,7 +277,7 @@ mod tests {
         let clients = Clients::new();
         let cut = clients.get(1, 7, 0).unwrap();
         let free = clients.get(2, 7, 0).unwrap();
-        assert!(!Clients::ask(&cut, 0, (2500.0, 2.0), &part(100.0, 2)));
+        assert!(!Clients::ask(&cut, 0, (2500.0, 2.0), &part(100.0, 2)).light);
         assert!(!ask(&free, 0, 2500.0, &part(100.0, 2)));
         let mut demands = clients.active(0).remove(&7).unwrap();
         demands.sort_by(f64::total_cmp);

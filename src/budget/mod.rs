@@ -68,6 +68,7 @@ pub use shares::{DEMAND_HEADROOM, allocate};
 
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::{Call, Tenant};
+use crate::charges::ChargedTo;
 use crate::cost::{CostConfig, Costs};
 use crate::distributed::{LeaseGate, SharedBudget};
 use crate::entropy::{ClientKeys, SessionGuard};
@@ -466,9 +467,10 @@ pub struct BudgetPermit {
 
 impl Budget {
     /// Adaptive admission: the global bucket, the tenant's share and the cluster's leases,
-    /// each spending its reserve only on calls within their client's fair share. A call
-    /// admitted beyond it (its client, or its tenant among several, is not light) is marked so
-    /// in its charges, for the resources it then waits for.
+    /// each spending its reserve only on light clients' calls. The call's charges record its
+    /// client and whether it was admitted beyond its fair share (its client asks more than its
+    /// fair part, and its tenant is not light among several), for the resources it then waits
+    /// for.
     fn admit_adaptive(
         &self,
         call: &Call,
@@ -488,16 +490,25 @@ impl Budget {
             })?;
         let (client, allowed) = self.inner.client_keys.allowance(call);
         let ask = (cost as f64, allowed);
+        // Past the clients kept, a client is never light and always beyond its share.
+        let unknown = fair::Standing {
+            light: false,
+            beyond: true,
+        };
         if !(settings.tenants.enabled && policy.features.tenant_budgets) {
-            let usage = inner.clients.get(client, 0, now);
-            let under = usage
+            let standing = inner
+                .clients
+                .get(client, 0, now)
                 .as_ref()
-                .is_some_and(|u| fair::Clients::ask(u, now, ask, &inner.global.fair));
-            taking.take(Bucket::Global, under, GLOBAL)?;
+                .map_or(unknown, |u| {
+                    fair::Clients::ask(u, now, ask, &inner.global.fair)
+                });
+            taking.take(Bucket::Global, standing.light, GLOBAL)?;
             taking.leases(leasing, false)?;
-            if !under {
-                call.charges.set_beyond_share();
-            }
+            call.charges.set_charged_to(ChargedTo {
+                client,
+                beyond_share: standing.beyond,
+            });
             return Ok(());
         }
         let tenant = self.tenant(&call.tenant);
@@ -506,11 +517,16 @@ impl Budget {
             .fetch_add(cost, std::sync::atomic::Ordering::Relaxed);
         // Inside its tenant's share a light session may spend the reserve; in the global
         // bucket, a light tenant.
-        let usage = inner.clients.get(client, tenant.group, now);
-        let session_under = usage
+        let session = inner
+            .clients
+            .get(client, tenant.group, now)
             .as_ref()
-            .is_some_and(|u| fair::Clients::ask(u, now, ask, &tenant.fair));
+            .map_or(unknown, |u| fair::Clients::ask(u, now, ask, &tenant.fair));
+        let session_under = session.light;
         let tenant_under = inner.tenants.under(&tenant, session_under);
+        // Beyond its share globally: beyond its part of its tenant's share, in a tenant not
+        // light among several.
+        let beyond_share = session.beyond && !inner.tenants.under(&tenant, false);
         taking.charge_tenant(tenant);
         let refused = match taking
             .take(Bucket::Share, session_under, TENANT)
@@ -518,9 +534,10 @@ impl Budget {
             .and_then(|()| taking.leases(leasing, true))
         {
             Ok(()) => {
-                if !tenant_under {
-                    call.charges.set_beyond_share();
-                }
+                call.charges.set_charged_to(ChargedTo {
+                    client,
+                    beyond_share,
+                });
                 return Ok(());
             }
             Err(refused) => refused,
@@ -536,6 +553,10 @@ impl Budget {
             })?;
         taking.leases(leasing, false)?;
         taking.force(Bucket::Global);
+        call.charges.set_charged_to(ChargedTo {
+            client,
+            beyond_share: false,
+        });
         Ok(())
     }
 }

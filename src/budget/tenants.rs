@@ -376,8 +376,13 @@ mod tests {
                         continue; // on a boundary: rounding decides
                     }
                     let session_light = sessions.len() > 1 && d <= session_part;
-                    let light = fair::Clients::ask(usage, now, (0.0, f64::INFINITY), &state.fair);
-                    let got = all.under(state, light);
+                    let standing = fair::Clients::ask(usage, now, (0.0, f64::INFINITY), &state.fair);
+                    // Beyond its share: above its fair level itself, with no margin.
+                    let session_fair = session_part / fair::LIGHT;
+                    if !close(d, session_fair) {
+                        prop_assert_eq!(standing.beyond, d > session_fair, "tenant {} session {}", t, s);
+                    }
+                    let got = all.under(state, standing.light);
                     prop_assert_eq!(
                         got,
                         session_light || tenant_light,

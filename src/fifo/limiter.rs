@@ -15,6 +15,7 @@ use tokio::time::{Instant, Sleep};
 use super::error::AcquireError;
 use super::limits::ResourceLimits;
 use crate::bounded::{Bounded, OVERFLOW};
+use crate::charges::ChargedTo;
 use crate::metrics;
 
 /// Default bound on distinct resource keys; past it, new keys share [`OVERFLOW`] (so a flood
@@ -43,12 +44,14 @@ const HOLD_ALPHA: f64 = 0.3;
 /// * **Order**: waiters are served in FIFO order per key. With `max_concurrent_per_account`,
 ///   a waiter whose account is full is passed over by waiters of other accounts (FIFO among
 ///   those that can run); among the waiters of one account the order is strict.
-/// * **A full queue refuses the excess**: in the inbound layer, a call that finds the queue at
-///   its depth takes the place of the newest waiter the adaptive budget admitted beyond its
-///   client's fair share, which is refused `queue_full` as the call would have been; only when
-///   no such waiter is queued is the call refused. So clients within their share are not
-///   refused because heavier ones filled the queue first. Callers of [`acquire`] are all
-///   within their share: first come, first served.
+/// * **A full queue refuses the excess**: in the inbound layer, a call within its client's
+///   fair share (as the adaptive budget judged it) that finds the queue at its depth takes the
+///   place of the newest waiter admitted beyond its share, else of the newest waiter of the
+///   client holding the most places if that is at least two more than its own client holds;
+///   the waiter is refused `queue_full` as the call would have been. Only when there is no such
+///   waiter is the call refused. So clients within their share are not refused because
+///   heavier ones, or one client's burst, filled the queue first. Callers of [`acquire`] carry
+///   no client: first come, first served.
 ///
 /// [`acquire`]: ResourceLimiter::acquire
 /// * **Cancel safety**: dropping an [`Acquire`] future removes the waiter at once and lets the
@@ -269,7 +272,7 @@ impl ResourceLimiter {
         Acquire {
             key,
             account,
-            evictable: false,
+            charged_to: None,
             deadline,
             state: AcquireState::Start,
         }
@@ -375,8 +378,8 @@ struct KeyState {
 
 struct Waiter {
     account: Option<Arc<str>>,
-    /// Admitted beyond its client's fair share: a caller within its share may take its place.
-    evictable: bool,
+    /// Whom the budget charged it to: a caller within its share may take its place.
+    charged_to: Option<ChargedTo>,
     /// Its place was taken while it waited: the wait it is refused with.
     evicted: Option<Duration>,
     enqueued: Instant,
@@ -569,8 +572,8 @@ impl Key {
 pub struct Acquire {
     key: Arc<Key>,
     account: Option<Arc<str>>,
-    /// Whether a caller within its fair share may take its place in a full queue.
-    evictable: bool,
+    /// Whom the budget charged the call to, if it did (see [`Acquire::charged_to`]).
+    charged_to: Option<ChargedTo>,
     /// The call's whole-round deadline.
     deadline: Option<Instant>,
     state: AcquireState,
@@ -596,12 +599,42 @@ impl fmt::Debug for Acquire {
 }
 
 impl Acquire {
-    /// Marks the caller as admitted beyond its client's fair share (`true`): while it waits,
-    /// a caller within its share that finds the queue full takes its place, and it is
-    /// refused [`AcquireError::QueueFull`]. Callers are not evictable by default.
-    pub(crate) fn evictable(mut self, evictable: bool) -> Self {
-        self.evictable = evictable;
+    /// Names whom the budget charged the call to: a call within its client's share that
+    /// finds the queue full may take the place of a waiter beyond its share, or of the client
+    /// holding the most places (the waiter is refused [`AcquireError::QueueFull`]). Without it
+    /// (the default) the caller neither takes nor gives a place.
+    pub(crate) fn charged_to(mut self, charged_to: Option<ChargedTo>) -> Self {
+        self.charged_to = charged_to;
         self
+    }
+
+    /// The queued waiter a call finding the queue full replaces, if any (its position): the
+    /// newest admitted beyond its share, else the newest of a client holding the most places,
+    /// if that is at least two more than the call's own client holds.
+    fn replaces(&self, state: &KeyState) -> Option<usize> {
+        let me = self.charged_to.filter(|c| !c.beyond_share)?;
+        let of = |id: &u64| state.waiters[id].charged_to;
+        if let Some(p) = state
+            .queue
+            .iter()
+            .rposition(|id| of(id).is_some_and(|c| c.beyond_share))
+        {
+            return Some(p);
+        }
+        let mut places: HashMap<u64, usize> = HashMap::new();
+        for c in state.queue.iter().filter_map(of) {
+            *places.entry(c.client).or_default() += 1;
+        }
+        let mine = places.get(&me.client).copied().unwrap_or(0);
+        let most = places.values().copied().max()?;
+        if most < mine + 2 {
+            return None;
+        }
+        // The newest waiter of any client holding the most.
+        state
+            .queue
+            .iter()
+            .rposition(|id| of(id).is_some_and(|c| places[&c.client] == most))
     }
 
     fn lease(&self, admitted: Instant, queue_wait: Duration) -> Lease {
@@ -664,15 +697,7 @@ impl Acquire {
             let position = state.queue.len() + 1;
             let retry_after = key.estimate_wait(&mut state, position, now);
             key.metrics.rejected_full.increment(1);
-            let newest_evictable = if self.evictable {
-                None
-            } else {
-                state
-                    .queue
-                    .iter()
-                    .rposition(|id| state.waiters[id].evictable)
-            };
-            let Some(pos) = newest_evictable else {
+            let Some(pos) = self.replaces(&state) else {
                 return Err(AcquireError::QueueFull {
                     depth: state.queue.len(),
                     retry_after,
@@ -692,7 +717,7 @@ impl Acquire {
             id,
             Waiter {
                 account: self.account.clone(),
-                evictable: self.evictable,
+                charged_to: self.charged_to,
                 evicted: None,
                 enqueued: now,
                 waker: None,
@@ -901,9 +926,24 @@ mod tests {
         ResourceLimiter::builder().key("db", limits).build()
     }
 
+    /// A call of `client`, admitted `beyond` its share or not.
+    fn call(limiter: &ResourceLimiter, client: u64, beyond_share: bool) -> Acquire {
+        limiter.acquire("db", None).charged_to(Some(ChargedTo {
+            client,
+            beyond_share,
+        }))
+    }
+
     /// Polls `acquire` once.
     fn poll(acquire: &mut Acquire) -> Poll<Result<Lease, AcquireError>> {
         Pin::new(acquire).poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    fn refused(acquire: &mut Acquire) -> bool {
+        matches!(
+            poll(acquire),
+            Poll::Ready(Err(AcquireError::QueueFull { .. }))
+        )
     }
 
     #[test]
@@ -913,39 +953,28 @@ mod tests {
         let Poll::Ready(Ok(lease)) = poll(&mut running) else {
             panic!("the free place")
         };
-        let mut excess: Vec<Acquire> = (0..2)
-            .map(|_| limiter.acquire("db", None).evictable(true))
-            .collect();
-        let mut fair = limiter.acquire("db", None);
+        let mut excess: Vec<Acquire> = (0..2).map(|_| call(&limiter, 1, true)).collect();
+        let mut fair = call(&limiter, 2, false);
         for a in excess.iter_mut().chain([&mut fair]) {
             assert!(poll(a).is_pending());
         }
         // Full: a call within its share refuses the newest excess waiter, not itself.
-        let mut within = limiter.acquire("db", None);
+        let mut within = call(&limiter, 3, false);
         assert!(poll(&mut within).is_pending());
-        let Poll::Ready(Err(AcquireError::QueueFull { depth: 3, .. })) = poll(&mut excess[1])
-        else {
-            panic!("the newest excess waiter is refused")
-        };
+        assert!(
+            refused(&mut excess[1]),
+            "the newest excess waiter is refused"
+        );
         // Another excess call finds it full and is refused itself.
-        let mut more = limiter.acquire("db", None).evictable(true);
-        assert!(matches!(
-            poll(&mut more),
-            Poll::Ready(Err(AcquireError::QueueFull { .. }))
-        ));
+        assert!(refused(&mut call(&limiter, 1, true)));
         // The next call within its share refuses the other excess waiter; the one after it
-        // finds no excess left and is refused itself.
-        let mut second = limiter.acquire("db", None);
+        // finds no excess left and every client at one place, and is refused itself; so is
+        // a caller the budget did not charge.
+        let mut second = call(&limiter, 4, false);
         assert!(poll(&mut second).is_pending());
-        assert!(matches!(
-            poll(&mut excess[0]),
-            Poll::Ready(Err(AcquireError::QueueFull { .. }))
-        ));
-        let mut third = limiter.acquire("db", None);
-        assert!(matches!(
-            poll(&mut third),
-            Poll::Ready(Err(AcquireError::QueueFull { .. }))
-        ));
+        assert!(refused(&mut excess[0]));
+        assert!(refused(&mut call(&limiter, 5, false)));
+        assert!(refused(&mut limiter.acquire("db", None)));
         // The rest run in their order.
         drop(lease);
         for a in [&mut fair, &mut within, &mut second] {
@@ -957,50 +986,114 @@ mod tests {
         assert_eq!(limiter.queue_depth("db"), 0);
     }
 
+    #[test]
+    fn a_call_within_its_share_takes_a_place_of_the_client_holding_the_most() {
+        let limiter = limiter(4);
+        let mut running = limiter.acquire("db", None);
+        let Poll::Ready(Ok(_lease)) = poll(&mut running) else {
+            panic!("the free place")
+        };
+        // One client's burst, within its share, fills the queue.
+        let mut burst: Vec<Acquire> = (0..4).map(|_| call(&limiter, 1, false)).collect();
+        for a in &mut burst {
+            assert!(poll(a).is_pending());
+        }
+        // Another client takes the burst's newest place; then a third takes the next.
+        let mut other = call(&limiter, 2, false);
+        assert!(poll(&mut other).is_pending());
+        assert!(refused(&mut burst[3]));
+        let mut third = call(&limiter, 3, false);
+        assert!(poll(&mut third).is_pending());
+        assert!(refused(&mut burst[2]));
+        // Two places against one: the burst keeps them, and a call of the second client, or
+        // of the burst's, is refused itself.
+        assert!(refused(&mut call(&limiter, 2, false)));
+        assert!(refused(&mut call(&limiter, 1, false)));
+        assert!(poll(&mut burst[1]).is_pending());
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
-        Arrive { evictable: bool },
+        /// A call of client 0..3 (4: not charged by the budget), beyond its share or not.
+        Arrive(u64, bool),
         Release,
         Cancel(usize),
     }
 
     fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         use proptest::prelude::*;
+        // Mostly arrivals, so the queue is often full; few clients, so they hold several
+        // places each.
         prop_oneof![
-            any::<bool>().prop_map(|evictable| Op::Arrive { evictable }),
-            Just(Op::Release),
-            (0usize..8).prop_map(Op::Cancel),
+            4 => (0u64..5, proptest::bool::weighted(0.3)).prop_map(|(c, b)| Op::Arrive(c, b)),
+            1 => Just(Op::Release),
+            1 => (0usize..8).prop_map(Op::Cancel),
         ]
+    }
+
+    /// The model's choice of the waiter a call within its share replaces in a full queue:
+    /// the newest beyond its share, else the newest of a client with the most places if that
+    /// is two more than the caller's.
+    fn model_replaces(
+        queue: &[(usize, Option<(u64, bool)>)],
+        me: Option<(u64, bool)>,
+    ) -> Option<usize> {
+        let (client, false) = me? else { return None };
+        if let Some(p) = queue.iter().rposition(|w| w.1.is_some_and(|c| c.1)) {
+            return Some(p);
+        }
+        let held = |c: u64| {
+            queue
+                .iter()
+                .filter(|w| w.1.is_some_and(|w| w.0 == c))
+                .count()
+        };
+        let most = (0..4).map(held).max()?;
+        if most < held(client) + 2 {
+            return None;
+        }
+        queue
+            .iter()
+            .rposition(|w| w.1.is_some_and(|c| held(c.0) == most))
     }
 
     proptest::proptest! {
         /// One place and a queue of `depth`, against a naive model: who runs, who waits in
         /// which order, and who is refused.
         #[test]
-        fn a_full_queue_refuses_the_newest_excess_waiter_as_a_model_does(
-            depth in 1usize..4,
-            ops in proptest::collection::vec(op(), 1..40),
+        fn a_full_queue_refuses_the_excess_as_a_model_does(
+            depth in 1usize..6,
+            ops in proptest::collection::vec(op(), 1..60),
         ) {
             let limiter = limiter(depth);
-            // The model: the running caller, the queue (id, evictable), the refused.
-            let (mut running, mut queue, mut refused) = (None::<usize>, Vec::<(usize, bool)>::new(), Vec::new());
+            let mut running = None::<usize>;
+            let mut queue = Vec::<(usize, Option<(u64, bool)>)>::new();
+            let mut refused = Vec::new();
             let mut waiting: Vec<(usize, Acquire)> = Vec::new();
             let mut lease: Option<(usize, Lease)> = None;
             let mut got_refused = Vec::new();
             for (id, op) in ops.into_iter().enumerate() {
                 match op {
-                    Op::Arrive { evictable } => {
+                    Op::Arrive(client, beyond) => {
+                        let me = (client < 4).then_some((client, beyond));
+                        let mut acquire = limiter.acquire("db", None);
+                        if let Some((client, beyond_share)) = me {
+                            acquire = acquire.charged_to(Some(ChargedTo { client, beyond_share }));
+                        }
                         if running.is_none() && queue.is_empty() {
                             running = Some(id);
                         } else if queue.len() < depth {
-                            queue.push((id, evictable));
-                        } else if let Some(p) = queue.iter().rposition(|w| w.1).filter(|_| !evictable) {
-                            refused.push(queue.remove(p).0);
-                            queue.push((id, evictable));
+                            queue.push((id, me));
                         } else {
-                            refused.push(id);
+                            match model_replaces(&queue, me) {
+                                Some(p) => {
+                                    refused.push(queue.remove(p).0);
+                                    queue.push((id, me));
+                                }
+                                None => refused.push(id),
+                            }
                         }
-                        waiting.push((id, limiter.acquire("db", None).evictable(evictable)));
+                        waiting.push((id, acquire));
                     }
                     Op::Release => {
                         if running.take().is_some() {

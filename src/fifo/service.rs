@@ -13,6 +13,7 @@ use super::future::ResponseFuture;
 use super::layer::LayerState;
 use super::{Acquire, DEFAULT_KEY, QueueWait};
 use crate::call::Calls;
+use crate::charges::ChargedTo;
 use crate::deadline::DeadlineBody;
 use crate::mcp::{reply, verdict};
 use crate::rejection::{Reason, Rejection, Scope};
@@ -209,16 +210,24 @@ impl<S> FifoLimit<S> {
                     .iter()
                     .filter_map(|&i| calls.calls[i].deadline)
                     .min();
-                // Its place may go to a call within its share only if every call it covers
-                // was admitted beyond theirs.
-                let evictable = indices
+                // A place shared by several calls (one client's batch) is beyond its share
+                // only if every call is; unknown if any call was not charged.
+                let charged_to = indices
                     .iter()
-                    .all(|&i| calls.calls[i].charges.beyond_share());
+                    .map(|&i| calls.calls[i].charges.charged_to())
+                    .reduce(|a, b| {
+                        let (a, b) = (a?, b?);
+                        Some(ChargedTo {
+                            beyond_share: a.beyond_share && b.beyond_share,
+                            ..a
+                        })
+                    })
+                    .flatten();
                 let acquire = self
                     .shared
                     .limiter
                     .acquire_until(key, account, deadline)
-                    .evictable(evictable);
+                    .charged_to(charged_to);
                 (indices, acquire)
             })
             .collect()
