@@ -32,6 +32,7 @@ type Refund = Box<dyn FnOnce() + Send>;
 #[derive(Clone, Default)]
 pub struct Charges(Arc<Ledger>);
 
+/// What the copies of one call share.
 #[derive(Default)]
 struct Ledger {
     refunds: Mutex<Vec<Refund>>,

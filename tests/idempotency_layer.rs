@@ -6,10 +6,8 @@
 
 mod common;
 
-use std::time::Duration;
-
 use axum::body::Body;
-use common::{body_json, request};
+use common::{body_json, reached, request};
 use http::{Request, Response};
 use serde_json::json;
 use stormgate::classify::ClassifyLayer;
@@ -46,18 +44,6 @@ fn order(stack: &Stack, id: u64) -> Answer {
                           "_meta": {"idempotency_key": "k1"}}}),
     );
     tokio::spawn(stack.clone().oneshot(req))
-}
-
-/// The id of the next call that reached the service, if one does within a second.
-async fn reached(handle: &mut Handle) -> Option<(u64, mock::SendResponse<Response<Body>>)> {
-    let (req, send) = tokio::time::timeout(Duration::from_secs(1), handle.next_request())
-        .await
-        .ok()??;
-    let body = axum::body::to_bytes(req.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let message: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    Some((message["id"].as_u64().unwrap(), send))
 }
 
 /// A whole JSON-RPC answer to `id`, its result naming the order.

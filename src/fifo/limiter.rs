@@ -939,6 +939,15 @@ mod tests {
         Pin::new(acquire).poll(&mut Context::from_waker(Waker::noop()))
     }
 
+    /// Takes the one free place.
+    fn take_the_place(limiter: &ResourceLimiter) -> Lease {
+        let Poll::Ready(Ok(lease)) = poll(&mut limiter.acquire("db", None)) else {
+            panic!("the free place")
+        };
+        lease
+    }
+
+    /// Whether `acquire` is refused for a full queue when polled.
     fn refused(acquire: &mut Acquire) -> bool {
         matches!(
             poll(acquire),
@@ -949,10 +958,7 @@ mod tests {
     #[test]
     fn a_call_within_its_share_takes_the_place_of_the_newest_excess_waiter() {
         let limiter = limiter(3);
-        let mut running = limiter.acquire("db", None);
-        let Poll::Ready(Ok(lease)) = poll(&mut running) else {
-            panic!("the free place")
-        };
+        let lease = take_the_place(&limiter);
         let mut excess: Vec<Acquire> = (0..2).map(|_| call(&limiter, 1, true)).collect();
         let mut fair = call(&limiter, 2, false);
         for a in excess.iter_mut().chain([&mut fair]) {
@@ -989,10 +995,7 @@ mod tests {
     #[test]
     fn a_call_within_its_share_takes_a_place_of_the_client_holding_the_most() {
         let limiter = limiter(4);
-        let mut running = limiter.acquire("db", None);
-        let Poll::Ready(Ok(_lease)) = poll(&mut running) else {
-            panic!("the free place")
-        };
+        let _lease = take_the_place(&limiter);
         // One client's burst, within its share, fills the queue.
         let mut burst: Vec<Acquire> = (0..4).map(|_| call(&limiter, 1, false)).collect();
         for a in &mut burst {

@@ -333,3 +333,19 @@ pub async fn serve(router: axum::Router) -> std::net::SocketAddr {
     });
     addr
 }
+
+/// The JSON-RPC id of the next request that reached tower-test's mock service, with the handle
+/// to answer it, if one does within a second.
+pub async fn reached(
+    handle: &mut tower_test::mock::Handle<Request<Body>, http::Response<Body>>,
+) -> Option<(u64, tower_test::mock::SendResponse<http::Response<Body>>)> {
+    let (req, send) =
+        tokio::time::timeout(std::time::Duration::from_secs(1), handle.next_request())
+            .await
+            .ok()??;
+    let body = axum::body::to_bytes(req.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let message: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    Some((message["id"].as_u64().unwrap(), send))
+}
