@@ -11,6 +11,10 @@ SCENARIO (default "storm") as in the storm demo:
              later, ignoring `retry_after_ms`
   stateless  every agent speaks MCP 2026-07-28 (no session) with a bearer token of its own;
              the runaway retries its refusals 20 ms later, ignoring `retry_after_ms`
+  fresh      as storm, but the runaway opens a new session (an `initialize`) for every call;
+             compare its admitted calls ("ok") with storm's
+  fresh-token  as stateless, but the runaway presents a new bearer token on every call;
+             compare its admitted calls with stateless's
 
 usage: python_agents.py URL SECONDS RUNAWAY_AT WORKERS [SCENARIO [COMPLEX]]
   e.g. against `cargo run --release --example mcp_server` (examples/stormgate.toml):
@@ -29,11 +33,14 @@ DUR = float(sys.argv[2])
 RUNAWAY_AT = float(sys.argv[3])
 WORKERS = int(sys.argv[4])
 SCENARIO = sys.argv[5] if len(sys.argv) > 5 else "storm"
-assert SCENARIO in ("storm", "swarm", "stateless"), SCENARIO
+assert SCENARIO in ("storm", "swarm", "stateless", "fresh", "fresh-token"), SCENARIO
 COMPLEX = sys.argv[6] if len(sys.argv) > 6 else "busy"
 assert COMPLEX in ("busy", "calm"), COMPLEX
 # The runaway retries its refusals 20 ms later instead of after their hint.
-IGNORES_HINTS = SCENARIO != "storm"
+IGNORES_HINTS = SCENARIO not in ("storm", "fresh")
+# The runaway's identity is new on every call.
+FRESH = SCENARIO.startswith("fresh")
+STATELESS = SCENARIO in ("stateless", "fresh-token")
 stats = {}
 T0 = time.monotonic()
 
@@ -59,7 +66,7 @@ async def call(c, agent, name, args, timeout=1.0):
 
 def client(name):
     info = Implementation(name=name, version="1")
-    if SCENARIO == "stateless":
+    if STATELESS:
         http = create_mcp_http_client(headers={"Authorization": f"Bearer token-of-{name}"})
         transport = streamable_http_client(URL, http_client=http)
         return Client(transport, mode="2026-07-28", client_info=info)
@@ -106,9 +113,26 @@ async def runaway():
     async def worker(w):
         c = clients[w % sessions]
         rng = random.Random(100 + w)
+        n = 0
         while time.monotonic() - T0 < DUR:
             q = f"body ilike '%{' '.join(rng.choice(WORDS) for _ in range(3))}%' /* {rng.randrange(100000)} */"
-            o, wait = await call(c, "runaway", "sql_scan", {"table": "documents", "filter": q})
+            args = {"table": "documents", "filter": q}
+            if FRESH:
+                n += 1
+                try:
+                    async with client(f"runaway-{w}-{n}") as fresh:
+                        o, wait = await call(fresh, "runaway", "sql_scan", args)
+                except Exception as e:  # the session's opening refused or failed
+                    while isinstance(e, ExceptionGroup) and e.exceptions:
+                        e = e.exceptions[0]
+                    if isinstance(e, MCPError) and e.code in (-32029, 429):
+                        rec("runaway", "refused:initialize")
+                        o, wait = "refused", (e.data or {}).get("retry_after_ms", 1000) / 1000
+                    else:
+                        rec("runaway", "initialize failed")
+                        o, wait = "error", 0.02
+            else:
+                o, wait = await call(c, "runaway", "sql_scan", args)
             if o == "ok":
                 await asyncio.sleep(rng.uniform(0.2, 0.6))
             elif o == "refused":
