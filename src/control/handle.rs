@@ -168,8 +168,11 @@ impl Control {
     }
 
     /// Wraps an MCP router in the whole stack ([`layer`](Self::layer)).
+    ///
+    /// The router's handlers are made routes first (`with_state(())`), so the stack wraps
+    /// each route once, here, instead of axum wrapping a handler on every request.
     pub fn wrap(&self, router: Router) -> Router {
-        router.layer(self.layer())
+        router.with_state(()).layer(self.layer())
     }
 
     /// Starts the background tasks: the budget's ticker and the session sweeper. They stop
