@@ -93,26 +93,37 @@ impl fmt::Display for SessionId {
 }
 
 /// A JSON-RPC id exactly as the client wrote it (number, string or null), echoed verbatim.
-#[derive(Debug, Clone)]
-pub struct RequestId(Arc<RawValue>);
+/// Classified from a body, it is that body's text (a slice of it, not a copy).
+#[derive(Clone)]
+pub struct RequestId(Bytes);
 
 impl RequestId {
     /// Parses an id from its JSON text.
     pub fn from_json(json: &str) -> Result<Self, serde_json::Error> {
-        RawValue::from_string(json.trim().to_owned()).map(|raw| RequestId(Arc::from(raw)))
+        let json = json.trim();
+        serde_json::from_str::<&RawValue>(json)?;
+        Ok(RequestId(Bytes::copy_from_slice(json.as_bytes())))
     }
 
     /// The id's JSON text, as sent.
     pub fn as_json(&self) -> &str {
-        self.0.get()
+        // The text of a parsed JSON value: UTF-8 by construction.
+        std::str::from_utf8(&self.0).unwrap_or("null")
     }
 
-    pub(crate) fn from_raw(raw: Box<RawValue>) -> Self {
-        RequestId(Arc::from(raw))
+    /// The id `raw`, a value parsed from `body`: its span of `body`.
+    pub(crate) fn in_body(body: &Bytes, raw: &RawValue) -> Self {
+        RequestId(body.slice_ref(raw.get().as_bytes()))
     }
 
     pub(crate) fn raw(&self) -> &RawValue {
-        &self.0
+        serde_json::from_str(self.as_json()).unwrap_or(RawValue::NULL)
+    }
+}
+
+impl fmt::Debug for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RequestId").field(&self.as_json()).finish()
     }
 }
 

@@ -10,13 +10,13 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::Request;
 use http::request::Parts;
-use http_body_util::combinators::Collect;
 use http_body_util::{LengthLimitError, Limited};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower::{BoxError, Service};
 
 use super::buffering::Reservation;
+use super::gather::Gather;
 use super::layer::Settings;
 use super::service::{classified, too_large, too_slow, unreadable};
 use crate::answer::Framing;
@@ -47,7 +47,7 @@ pin_project! {
     {
         Collecting {
             #[pin]
-            collect: Collect<Limited<B>>,
+            collect: Gather<Limited<B>>,
             // The body deadline, from the request head.
             #[pin]
             timeout: Sleep,
@@ -93,7 +93,7 @@ where
     }
 
     pub(super) fn collect(
-        collect: Collect<Limited<B>>,
+        collect: Gather<Limited<B>>,
         parts: Parts,
         inner: S,
         shared: Arc<Settings>,
@@ -143,7 +143,7 @@ where
                     };
                     reservation.take();
                     let body = match collected {
-                        Ok(collected) => collected.to_bytes(),
+                        Ok(body) => body,
                         Err(e) => {
                             let response = if e.downcast_ref::<LengthLimitError>().is_some() {
                                 too_large(shared.body_limit)

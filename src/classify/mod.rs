@@ -30,6 +30,7 @@
 
 mod buffering;
 mod future;
+mod gather;
 mod layer;
 mod names;
 mod service;

@@ -7,10 +7,11 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::Limited;
 use tower::{BoxError, Service};
 
 use super::ResponseFuture;
+use super::gather::Gather;
 use super::layer::Settings;
 use crate::call::{Call, Calls, Meta, Unclassified};
 use crate::mcp::{self, ProtocolVersion};
@@ -87,7 +88,7 @@ where
             parts.extensions.insert(snapshot);
         }
         ResponseFuture::collect(
-            Limited::new(body, limit).collect(),
+            Gather::new(Limited::new(body, limit)),
             parts,
             inner,
             shared,
@@ -186,8 +187,7 @@ pub(crate) fn classify(
     let off = shared.switch.read(snapshot.map(Arc::as_ref)).mode == crate::policy::Mode::Off;
     let deadlines = (!off).then_some(&shared.deadlines);
     let calls = parsed
-        .messages
-        .into_iter()
+        .into_messages()
         .enumerate()
         .map(|(seq, m)| {
             let method = m.method.as_deref();
@@ -203,9 +203,7 @@ pub(crate) fn classify(
                     || header_name.is_some_and(|h| Some(h) != target));
             Call {
                 kind: m.kind,
-                id: m
-                    .id
-                    .map(|raw| crate::call::RequestId::from_raw(raw.to_owned())),
+                id: m.id.map(|raw| crate::call::RequestId::in_body(body, raw)),
                 method: method.map(|n| shared.names.get(n)),
                 tool: tool.map(|n| shared.names.get(n)),
                 resource: resource.map(Arc::from), // a uri is more an argument than a name
@@ -235,7 +233,7 @@ pub(crate) fn classify(
         .collect();
     Ok(Calls {
         calls,
-        batch: parsed.batch,
+        batch: !single,
         body: body.clone(),
         format: shared.format.clone(),
         schemas: shared.schemas.clone(),

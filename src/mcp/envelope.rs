@@ -28,8 +28,38 @@ pub(crate) struct Message<'a> {
 /// A parsed body.
 #[derive(Debug)]
 pub(crate) struct Parsed<'a> {
-    pub(crate) messages: Vec<Message<'a>>,
+    messages: Messages<'a>,
     pub(crate) batch: bool,
+}
+
+/// A body's messages: one held inline (no allocation for the common single message), or a
+/// batch's.
+#[derive(Debug)]
+enum Messages<'a> {
+    One(Message<'a>),
+    Batch(Vec<Message<'a>>),
+}
+
+impl<'a> Parsed<'a> {
+    /// The messages, in body order.
+    #[cfg(test)]
+    pub(crate) fn messages(&self) -> &[Message<'a>] {
+        match &self.messages {
+            Messages::One(m) => std::slice::from_ref(m),
+            Messages::Batch(all) => all,
+        }
+    }
+
+    /// The messages, in body order, owned: an iterator of exact length, so collecting it
+    /// into a shared slice allocates once.
+    pub(crate) fn into_messages(
+        self,
+    ) -> std::iter::Chain<std::option::IntoIter<Message<'a>>, std::vec::IntoIter<Message<'a>>> {
+        match self.messages {
+            Messages::One(m) => Some(m).into_iter().chain(Vec::new()),
+            Messages::Batch(all) => None.into_iter().chain(all),
+        }
+    }
 }
 
 /// One JSON-RPC message's fields, read in one pass. Read as the servers that run it read it
@@ -203,7 +233,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, Unclassified> {
             let wire: Wire<'_> = serde_json::from_slice(body).map_err(|e| classify_err(&e))?;
             let message = message(wire, 0..body.len()).ok_or(Unclassified::NotJsonRpc)?;
             Ok(Parsed {
-                messages: vec![message],
+                messages: Messages::One(message),
                 batch: false,
             })
         }
@@ -226,7 +256,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, Unclassified> {
                 })
                 .collect();
             Ok(Parsed {
-                messages,
+                messages: Messages::Batch(messages),
                 batch: true,
             })
         }
@@ -373,7 +403,7 @@ mod tests {
         #[test]
         fn a_message_is_read_as_a_value_reads_it(body in message_text()) {
             let got = parse(body.as_bytes()).ok().map(|p| {
-                let m = &p.messages[0];
+                let m = &p.messages()[0];
                 (
                     m.kind,
                     m.id.map(|i| serde_json::from_str::<Value>(i.get()).unwrap()),
@@ -388,12 +418,14 @@ mod tests {
     #[test]
     fn a_key_sent_twice_keeps_its_last_value() {
         let body = br#"{"jsonrpc":"2.0","id":1,"id":2,"method":"ping","method":"tools/call","params":{"name":"a","name":5,"name":"sql_scan"}}"#;
-        let m = &parse(body).unwrap().messages[0];
+        let p = parse(body).unwrap();
+        let m = &p.messages()[0];
         assert_eq!(m.id.unwrap().get(), "2");
         assert_eq!(m.method.as_deref(), Some("tools/call"));
         assert_eq!(m.name.as_deref(), Some("sql_scan"));
         let body = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","arguments":{}},"params":[1]}"#;
-        let m = &parse(body).unwrap().messages[0];
+        let p = parse(body).unwrap();
+        let m = &p.messages()[0];
         assert_eq!(m.name, None, "the last params is not an object");
         assert!(m.arguments.is_none());
     }
@@ -403,7 +435,7 @@ mod tests {
         let body = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sql_scan","arguments":{"q":"x"}}}"#;
         let p = parse(body).unwrap();
         assert!(!p.batch);
-        let m = &p.messages[0];
+        let m = &p.messages()[0];
         assert_eq!(m.kind, CallKind::Request);
         assert_eq!(m.id.unwrap().get(), "7");
         assert_eq!(m.name.as_deref(), Some("sql_scan"));
@@ -415,8 +447,8 @@ mod tests {
         let body =
             br#"{"jsonrpc":"2.0","id":"a","method":"tools\/call","params":{"name":"s\u0071l"}}"#;
         let p = parse(body).unwrap();
-        assert_eq!(p.messages[0].method.as_deref(), Some("tools/call"));
-        assert_eq!(p.messages[0].name.as_deref(), Some("sql"));
+        assert_eq!(p.messages()[0].method.as_deref(), Some("tools/call"));
+        assert_eq!(p.messages()[0].name.as_deref(), Some("sql"));
     }
 
     #[test]
@@ -424,16 +456,16 @@ mod tests {
         let body = br#"[ {"jsonrpc":"2.0","id":1,"method":"ping"} ,{"jsonrpc":"2.0","method":"notifications/initialized"}, 5 ]"#;
         let p = parse(body).unwrap();
         assert!(p.batch);
-        let kinds: Vec<_> = p.messages.iter().map(|m| m.kind).collect();
+        let kinds: Vec<_> = p.messages().iter().map(|m| m.kind).collect();
         assert_eq!(
             kinds,
             [CallKind::Request, CallKind::Notification, CallKind::Invalid]
         );
         assert_eq!(
-            &body[p.messages[0].span.clone()],
+            &body[p.messages()[0].span.clone()],
             br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#
         );
-        assert_eq!(&body[p.messages[2].span.clone()], b"5");
+        assert_eq!(&body[p.messages()[2].span.clone()], b"5");
     }
 
     #[test]
