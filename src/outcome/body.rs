@@ -10,31 +10,40 @@ use super::{
 };
 use crate::answer::json::Id;
 use crate::answer::{AnswerBody, Listener, Message};
-use crate::call::{Call, SessionId};
+use crate::call::{Call, Calls, SessionId};
 
 /// The observers every outcome goes to.
 pub(crate) type Observers = Arc<[Arc<dyn Observer>]>;
 
 /// Request calls waiting for their answer. Dropped with calls left: they were cancelled.
 pub(crate) struct Pending {
-    calls: Vec<Call>,
+    /// The request's calls (shared, not copied).
+    calls: Calls,
+    /// Which of them still wait.
+    open: Open,
+    /// The session the server minted in its answer: the `initialize` calls' own.
+    minted: Option<SessionId>,
     start: Instant,
     queue_wait: std::time::Duration,
     observers: Observers,
 }
 
 impl Pending {
+    /// The chargeable calls of `calls`, waiting; `None` when there are none.
     pub(crate) fn new(
-        calls: Vec<Call>,
+        calls: &Calls,
         queue_wait: std::time::Duration,
         observers: Observers,
-    ) -> Self {
-        Pending {
-            calls,
+    ) -> Option<Self> {
+        let open = Open::of(calls.iter().map(Call::is_chargeable));
+        (!open.is_empty()).then(|| Pending {
+            calls: calls.clone(),
+            open,
+            minted: None,
             start: Instant::now(),
             queue_wait,
             observers,
-        }
+        })
     }
 
     fn report(&self, call: &Call, outcome: Outcome, bytes: u64) {
@@ -42,6 +51,17 @@ impl Pending {
             // Rejected unrun: every stage gives back what it charged.
             call.charges.refund();
         }
+        let minted;
+        let call = match &self.minted {
+            Some(session) if call.method.as_deref() == Some("initialize") => {
+                minted = Call {
+                    session: session.clone(),
+                    ..call.clone()
+                };
+                &minted
+            }
+            _ => call,
+        };
         let observation = Observation {
             call,
             outcome,
@@ -56,40 +76,94 @@ impl Pending {
 
     /// Settles the call answered by a message with this id.
     fn settle(&mut self, id: Id<'_>, outcome: Outcome, bytes: u64) {
-        if let Some(pos) = self
-            .calls
+        let calls = self.calls.clone();
+        let answered = calls
             .iter()
-            .position(|c| c.id.as_ref().is_some_and(|i| id.is(i.as_json())))
-        {
-            let call = self.calls.swap_remove(pos);
-            self.report(&call, outcome, bytes);
+            .enumerate()
+            .find(|(i, c)| self.open.has(*i) && c.id.as_ref().is_some_and(|i| id.is(i.as_json())));
+        if let Some((i, call)) = answered {
+            self.open.clear(i);
+            self.report(call, outcome, bytes);
         }
     }
 
     /// Settles every call still waiting.
     pub(crate) fn settle_all(&mut self, outcome: Outcome, bytes: u64) {
-        for call in std::mem::take(&mut self.calls) {
-            self.report(&call, outcome, bytes);
+        let calls = self.calls.clone();
+        for (i, call) in calls.iter().enumerate() {
+            if self.open.has(i) {
+                self.open.clear(i);
+                self.report(call, outcome, bytes);
+            }
         }
     }
 
     /// The server minted `session` in its answer: the `initialize` calls waiting belong to it.
     pub(crate) fn minted(&mut self, session: &SessionId) {
-        for call in &mut self.calls {
-            if call.method.as_deref() == Some("initialize") {
-                call.session = session.clone();
-            }
-        }
+        self.minted = Some(session.clone());
     }
 
     fn is_empty(&self) -> bool {
-        self.calls.is_empty()
+        self.open.is_empty()
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
         self.settle_all(Outcome::Cancelled, 0);
+    }
+}
+
+/// Which calls of a request still wait for their answer: a bit per call, in a word for the
+/// first 64 (no allocation), in more words for a longer batch.
+#[derive(Debug, Default)]
+struct Open {
+    first: u64,
+    more: Vec<u64>,
+}
+
+impl Open {
+    /// The calls for which `waits` says so.
+    fn of(waits: impl Iterator<Item = bool>) -> Self {
+        let mut open = Open::default();
+        for (i, waits) in waits.enumerate() {
+            if waits {
+                let (word, bit) = open.word(i);
+                *word |= bit;
+            }
+        }
+        open
+    }
+
+    /// The word and bit of call `i`, the words grown to hold it.
+    fn word(&mut self, i: usize) -> (&mut u64, u64) {
+        let bit = 1 << (i % 64);
+        if i < 64 {
+            return (&mut self.first, bit);
+        }
+        let at = i / 64 - 1;
+        if self.more.len() <= at {
+            self.more.resize(at + 1, 0);
+        }
+        (&mut self.more[at], bit)
+    }
+
+    fn has(&self, i: usize) -> bool {
+        let word = if i < 64 {
+            self.first
+        } else {
+            self.more.get(i / 64 - 1).copied().unwrap_or(0)
+        };
+        word & (1 << (i % 64)) != 0
+    }
+
+    fn clear(&mut self, i: usize) {
+        let (word, bit) = self.word(i);
+        *word &= !bit;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first == 0 && self.more.iter().all(|w| *w == 0)
     }
 }
 
@@ -143,6 +217,28 @@ pub(crate) type ObservedBody<B> = AnswerBody<B, Pending>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The open calls are those a set of indices holds, in a batch of any length.
+        #[test]
+        fn open_calls_are_a_set(
+            waits in proptest::collection::vec(any::<bool>(), 0..200),
+            cleared in proptest::collection::vec(0usize..220, 0..50),
+        ) {
+            let mut open = Open::of(waits.iter().copied());
+            let mut reference: std::collections::BTreeSet<usize> =
+                waits.iter().enumerate().filter(|(_, w)| **w).map(|(i, _)| i).collect();
+            for i in cleared {
+                open.clear(i);
+                reference.remove(&i);
+            }
+            for i in 0..220 {
+                prop_assert_eq!(open.has(i), reference.contains(&i), "{}", i);
+            }
+            prop_assert_eq!(open.is_empty(), reference.is_empty());
+        }
+    }
 
     fn outcome(text: &str) -> Outcome {
         let mut got = None;

@@ -14,7 +14,7 @@ use super::Outcome;
 use super::body::{ObservedBody, Observers, Pending};
 use crate::answer::{Framing, Scan};
 use crate::call::Unread;
-use crate::call::{Call, Calls, SessionId};
+use crate::call::{Calls, SessionId};
 
 /// Reports how each request call ends. Built by [`OutcomeLayer`](super::OutcomeLayer).
 #[derive(Clone)]
@@ -58,19 +58,17 @@ where
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let calls: Vec<Call> = match req.extensions().get::<Calls>() {
-            Some(c) => c.iter().filter(|c| c.is_chargeable()).cloned().collect(),
-            None => {
-                self.unread.check(&req, "OutcomeLayer");
-                Vec::new()
-            }
-        };
         let queue_wait = req
             .extensions()
             .get::<super::QueueWait>()
             .map_or(std::time::Duration::ZERO, |w| w.0);
-        let pending =
-            (!calls.is_empty()).then(|| Pending::new(calls, queue_wait, self.observers.clone()));
+        let pending = match req.extensions().get::<Calls>() {
+            Some(calls) => Pending::new(calls, queue_wait, self.observers.clone()),
+            None => {
+                self.unread.check(&req, "OutcomeLayer");
+                None
+            }
+        };
         ResponseFuture {
             future: self.inner.call(req),
             pending,
