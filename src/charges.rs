@@ -35,9 +35,17 @@ pub struct Charges(Arc<Ledger>);
 /// What the copies of one call share.
 #[derive(Default)]
 struct Ledger {
-    refunds: Mutex<Vec<Refund>>,
+    refunds: Mutex<Refunds>,
     /// Whom the budget charged, and whether beyond the client's fair share.
     charged_to: OnceLock<ChargedTo>,
+}
+
+/// The refunds of one call: the first held inline (a call the stack charges records one, its
+/// admitting stages being one stage), the others in a list.
+#[derive(Default)]
+struct Refunds {
+    first: Option<Refund>,
+    more: Vec<Refund>,
 }
 
 /// Whom the budget charged a call to.
@@ -62,21 +70,27 @@ impl Charges {
 
     /// Records what to do to give a charge back.
     pub fn push(&self, refund: impl FnOnce() + Send + 'static) {
-        self.lock().push(Box::new(refund));
+        let refund: Refund = Box::new(refund);
+        let mut refunds = self.lock();
+        match refunds.first {
+            None => refunds.first = Some(refund),
+            Some(_) => refunds.more.push(refund),
+        }
     }
 
     /// Gives back every charge recorded so far, latest first; later calls give back only what
     /// was recorded since.
     pub fn refund(&self) {
-        let taken = std::mem::take(&mut *self.lock());
-        for refund in taken.into_iter().rev() {
+        let Refunds { first, more } = std::mem::take(&mut *self.lock());
+        for refund in more.into_iter().rev().chain(first) {
             refund();
         }
     }
 
     /// Charges recorded and not given back.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        let refunds = self.lock();
+        usize::from(refunds.first.is_some()) + refunds.more.len()
     }
 
     /// Whether nothing is charged.
@@ -84,7 +98,7 @@ impl Charges {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Refund>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Refunds> {
         self.0
             .refunds
             .lock()

@@ -42,18 +42,19 @@ use crate::policy::Switch;
 pub struct StackLayer {
     pub(crate) classify: ClassifyLayer,
     pub(crate) idempotency: IdempotencyLayer,
-    pub(crate) budget: AdmitLayer<Budget>,
-    pub(crate) sessions: AdmitLayer<SessionGuard>,
-    pub(crate) breakers: AdmitLayer<CircuitBreakers>,
+    /// The budget, the session guard and the circuit breakers, in that order, as one stage.
+    pub(crate) admissions: AdmitLayer<Admissions>,
     pub(crate) fifo: FifoLimitLayer,
     pub(crate) outcome: OutcomeLayer,
     pub(crate) switch: Switch,
 }
 
 /// The stages of [`StackService`] around `S`, outermost first.
-pub type Protected<S> = Classify<
-    Idempotent<Admit<Admit<Admit<FifoLimit<Observed<S>>, CircuitBreakers>, SessionGuard>, Budget>>,
->;
+pub type Protected<S> = Classify<Idempotent<Admit<FifoLimit<Observed<S>>, Admissions>>>;
+
+/// The stack's admitting stages, in order: the budget, the session guard, the circuit
+/// breakers (one stage: a call charged by all or by none).
+pub type Admissions = (Budget, SessionGuard, CircuitBreakers);
 
 impl<S: Clone> Layer<S> for StackLayer {
     type Service = StackService<S>;
@@ -61,11 +62,10 @@ impl<S: Clone> Layer<S> for StackLayer {
     fn layer(&self, inner: S) -> StackService<S> {
         let bare = inner.clone();
         let inner = self.fifo.layer(self.outcome.layer(inner));
-        let inner = self.sessions.layer(self.breakers.layer(inner));
         StackService {
             stages: self
                 .classify
-                .layer(self.idempotency.layer(self.budget.layer(inner))),
+                .layer(self.idempotency.layer(self.admissions.layer(inner))),
             bare,
             switch: self.switch.clone(),
             route: Route::Protected,

@@ -20,6 +20,11 @@
 //!   [`OutcomeLayer`](crate::outcome::OutcomeLayer) and
 //!   [`IdempotencyLayer`](crate::idempotency::IdempotencyLayer)).
 //!
+//! Several admissions make one stage as a tuple, `AdmitLayer::new((a, b))` or `(a, b, c)`: in
+//! order, a call charged by all or by none (what those before a refusal took is given back at
+//! once), at the cost of one stage. The whole stack admits its budget, session guard and
+//! circuit breakers so.
+//!
 //! Admission stages charge budgets, they do not hold capacity. What a call was charged is given
 //! back when a later stage refuses it or the MCP server rejects it without running it (see
 //! [`charges`](crate::charges)); otherwise it is kept.
@@ -45,10 +50,30 @@
 //!     .layer(deny)
 //!     .layer(ClassifyLayer::new()); // outermost: classify first
 //! ```
+//!
+//! Two admissions as one stage, in order; a call is charged by both or by neither:
+//!
+//! ```
+//! use stormgate::Call;
+//! use stormgate::admit::AdmitLayer;
+//! use stormgate::budget::{Budget, BudgetConfig};
+//!
+//! let budget = Budget::builder(BudgetConfig::default()).build();
+//! let no_drops = |call: &Call| match call.tool.as_deref() {
+//!     Some("drop_table") => Err(stormgate::Rejection::new(
+//!         stormgate::Reason::CircuitOpen,
+//!         stormgate::Scope::Tool,
+//!         std::time::Duration::from_secs(60),
+//!     )),
+//!     _ => Ok(()),
+//! };
+//! let _one_stage = AdmitLayer::new((no_drops, budget.clone()));
+//! ```
 
 pub mod future;
 mod layer;
 mod service;
+mod several;
 
 pub use layer::{Admission, AdmitLayer};
 pub use service::Admit;

@@ -9,6 +9,7 @@ use axum::Router;
 use super::config::{Prepared, read};
 use super::document::{merge_patch, replacement};
 use super::{Audit, Config, Mode, Policy, Switch, View};
+use crate::admit::AdmitLayer;
 use crate::breaker::CircuitBreakers;
 use crate::budget::Budget;
 use crate::classify::ClassifyLayer;
@@ -152,9 +153,11 @@ impl Control {
         StackLayer {
             classify: inner.classify.clone(),
             idempotency: inner.idempotency.clone(),
-            budget: inner.budget.layer(),
-            sessions: inner.sessions.layer(),
-            breakers: inner.breakers.layer(),
+            admissions: AdmitLayer::new((
+                inner.budget.clone(),
+                inner.sessions.clone(),
+                inner.breakers.clone(),
+            )),
             fifo: inner.fifo.clone(),
             outcome: OutcomeLayer::new([
                 inner.budget.observer(),
