@@ -210,3 +210,48 @@ async fn an_admission_layer_without_classification_says_so_once() {
     }
     assert_eq!(logs.text().matches(warning).count(), 1, "{}", logs.text());
 }
+
+/// Two admissions as one stage (a tuple): a call the second refuses gets its unit at the first
+/// back at once, and a call that ran keeps both charges; a batch the same, per call.
+#[tokio::test]
+async fn a_tuple_of_admissions_is_one_stage_charging_all_or_none() {
+    let (first, second) = (units(3), units(2));
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let stack: Stack = BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(ClassifyLayer::new())
+            .layer(AdmitLayer::new((first.clone(), second.clone())))
+            .service(service),
+    );
+    let batch = Value::Array(vec![call(1), call(2), call(3)]);
+    let mut req = request(Some("s"), batch);
+    req.headers_mut()
+        .insert("mcp-protocol-version", "2025-03-26".parse().unwrap());
+    let answered = tokio::spawn(stack.clone().oneshot(req));
+    answer(&mut handle, &[1, 2]).await;
+    let answers = body_json(answered.await.unwrap().unwrap()).await;
+    let refused: Vec<&Value> = answers
+        .as_array()
+        .expect("a batch answer")
+        .iter()
+        .filter(|a| a.get("error").is_some())
+        .collect();
+    assert_eq!(refused.len(), 1, "{answers}");
+    assert_eq!(refused[0]["id"], 3);
+    assert_eq!(
+        refused[0]["error"]["data"]["reason"],
+        "session_budget_exceeded"
+    );
+    assert_eq!(
+        (first.left(), second.left()),
+        (1, 0),
+        "two ran, charged by both; the third's unit at the first came back"
+    );
+    let refused = body_json(stack.oneshot(request(Some("s"), call(4))).await.unwrap()).await;
+    assert!(refused.get("error").is_some(), "{refused}");
+    assert_eq!(
+        (first.left(), second.left()),
+        (1, 0),
+        "refused by the second: the first's charge given back at once"
+    );
+}
