@@ -11,15 +11,16 @@ use stormgate::outcome::{Observation, Observer, Outcome};
 use stormgate::{Call, Tenant};
 
 fn budget() -> Budget {
-    Budget::builder(BudgetConfig {
-        // Large enough never to refuse: the cost of the decision itself is measured.
-        stable_budget: 1e12,
-        ..BudgetConfig::default()
+    Budget::builder({
+        let mut built = BudgetConfig::default(); // Large enough never to refuse: the cost of the decision itself is measured.
+        built.stable_budget = 1e12;
+        built
     })
-    .tenants(TenantConfig {
-        min_budget: Some(1e6),
-        max_tenants: 100_000,
-        ..TenantConfig::default()
+    .tenants({
+        let mut built = TenantConfig::default();
+        built.min_budget = Some(1e6);
+        built.max_tenants = 100_000;
+        built
     })
     .build()
 }

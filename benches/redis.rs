@@ -20,13 +20,15 @@ use stormgate::{Call, Tenant};
 mod redis_support;
 
 fn budget(rate: f64, shared: Option<SharedBudget>) -> Budget {
-    let mut b = Budget::builder(BudgetConfig {
-        stable_budget: rate,
-        ..BudgetConfig::default()
+    let mut b = Budget::builder({
+        let mut built = BudgetConfig::default();
+        built.stable_budget = rate;
+        built
     })
-    .tenants(TenantConfig {
-        min_budget: Some(0.0),
-        ..TenantConfig::default()
+    .tenants({
+        let mut built = TenantConfig::default();
+        built.min_budget = Some(0.0);
+        built
     });
     if let Some(s) = shared {
         b = b.shared(s);
@@ -37,11 +39,12 @@ fn budget(rate: f64, shared: Option<SharedBudget>) -> Budget {
 /// A node of the cluster `prefix`.
 fn shared(rt: &tokio::runtime::Runtime, url: &str, prefix: &str, node: &str) -> SharedBudget {
     rt.block_on(async {
-        let s = SharedBudget::new(DistributedConfig {
-            url: url.to_owned(),
-            prefix: prefix.to_owned(),
-            node_id: Some(node.to_owned()),
-            ..DistributedConfig::default()
+        let s = SharedBudget::new({
+            let mut built = DistributedConfig::default();
+            built.url = url.to_owned();
+            built.prefix = prefix.to_owned();
+            built.node_id = Some(node.to_owned());
+            built
         })
         .unwrap();
         assert!(

@@ -11,12 +11,13 @@ use stormgate::{Call, SessionId};
 
 /// A guard tracking `sessions` sessions (one call each) and a call to reuse.
 fn populated(sessions: usize) -> (SessionGuard, Call) {
-    let guard = SessionGuard::new(SessionConfig {
-        base_budget: 1e12,
-        burst: 1e12,
-        max_sessions: 2_000_000,
-        new_session_burst: 1e7,
-        ..SessionConfig::default()
+    let guard = SessionGuard::new({
+        let mut built = SessionConfig::default();
+        built.base_budget = 1e12;
+        built.burst = 1e12;
+        built.max_sessions = 2_000_000;
+        built.new_session_burst = 1e7;
+        built
     })
     .unwrap();
     let mut call = Call::request("tools/call")

@@ -415,28 +415,31 @@ impl Workload {
 }
 
 fn budget(tenants: bool, max_tenants: usize) -> Budget {
-    Budget::builder(BudgetConfig {
-        stable_budget: HUGE,
-        ..BudgetConfig::default()
+    Budget::builder({
+        let mut built = BudgetConfig::default();
+        built.stable_budget = HUGE;
+        built
     })
-    .tenants(TenantConfig {
-        enabled: tenants,
-        min_budget: Some(HUGE / 100.0),
-        max_tenants,
-        ..TenantConfig::default()
+    .tenants({
+        let mut built = TenantConfig::default();
+        built.enabled = tenants;
+        built.min_budget = Some(HUGE / 100.0);
+        built.max_tenants = max_tenants;
+        built
     })
     .build()
 }
 
 /// A guard with room for `max` sessions and tenants, every newcomer accepted at once.
 fn guard(max: usize) -> SessionGuard {
-    SessionGuard::new(SessionConfig {
-        base_budget: HUGE,
-        burst: HUGE,
-        max_sessions: max,
-        max_tenants: max,
-        new_session_burst: HUGE,
-        ..SessionConfig::default()
+    SessionGuard::new({
+        let mut built = SessionConfig::default();
+        built.base_budget = HUGE;
+        built.burst = HUGE;
+        built.max_sessions = max;
+        built.max_tenants = max;
+        built.new_session_burst = HUGE;
+        built
     })
     .unwrap()
 }

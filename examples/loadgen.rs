@@ -361,9 +361,10 @@ fn config(mode: Mode, off: Off) -> Config {
 
 /// The gateway in front of `upstream`, served with the stack in `mode`.
 async fn gateway(upstream: SocketAddr, mode: Mode, off: Off) -> (SocketAddr, Control) {
-    let proxy = Proxy::new(&GatewayConfig {
-        upstream: Some(format!("http://{upstream}/mcp")),
-        ..GatewayConfig::default()
+    let proxy = Proxy::new(&{
+        let mut built = GatewayConfig::default();
+        built.upstream = Some(format!("http://{upstream}/mcp"));
+        built
     })
     .unwrap();
     let control = Control::new(config(mode, off)).unwrap();

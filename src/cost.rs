@@ -44,6 +44,7 @@ pub enum AutoWeight {
 /// Tool weight settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct CostConfig {
     /// Weight per tool.
     pub tools: BTreeMap<String, Weight>,

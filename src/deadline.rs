@@ -28,6 +28,7 @@ use crate::sse;
 /// Per-tool deadlines, in milliseconds in config. Absent: no deadline.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct DeadlineConfig {
     /// The deadline of tools not listed (`default_ms`). Absent: none.
     #[serde(rename = "default_ms", with = "crate::duration_ms::opt")]

@@ -77,6 +77,7 @@ pub enum KeyScope {
 /// Idempotency settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct IdempotencyConfig {
     /// The non-idempotent tools (default: none).
     pub tools: BTreeSet<String>,

@@ -114,6 +114,10 @@ struct IdentityDoctests;
 struct FifoDoctests;
 
 #[cfg(doctest)]
+#[doc = include_str!("../docs/configuration.md")]
+struct ConfigurationDoctests;
+
+#[cfg(doctest)]
 #[doc = include_str!("../docs/budgets.md")]
 struct BudgetsDoctests;
 

@@ -20,11 +20,12 @@ use stormgate::{Call, Reason, Scope, SessionId};
 use tower::ServiceExt;
 
 fn breakers() -> CircuitBreakers {
-    CircuitBreakers::new(BreakerConfig {
-        tools: ["search".to_owned(), "sql".to_owned()]
+    CircuitBreakers::new({
+        let mut built = BreakerConfig::default();
+        built.tools = ["search".to_owned(), "sql".to_owned()]
             .into_iter()
-            .collect(),
-        ..BreakerConfig::default()
+            .collect();
+        built
     })
     .unwrap()
 }

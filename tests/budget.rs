@@ -170,9 +170,10 @@ fn steady_overload_settles_into_a_band_around_capacity() {
 }
 
 fn tenants(min_budget: f64) -> TenantConfig {
-    TenantConfig {
-        min_budget: Some(min_budget),
-        ..TenantConfig::default()
+    {
+        let mut built = TenantConfig::default();
+        built.min_budget = Some(min_budget);
+        built
     }
 }
 
@@ -208,10 +209,8 @@ async fn drive(budget: &Budget, rates: &[(&str, u64)], secs: u64) -> Vec<u64> {
 
 #[tokio::test(start_paused = true)]
 async fn a_hog_cannot_starve_light_tenants_and_uses_everything_alone() {
-    let config = BudgetConfig {
-        stable_budget: 1000.0,
-        ..BudgetConfig::default()
-    };
+    let mut config = BudgetConfig::default();
+    config.stable_budget = 1000.0;
     let budget = Budget::builder(config.clone())
         .tenants(tenants(20.0))
         .build();
@@ -239,9 +238,10 @@ async fn a_hog_cannot_starve_light_tenants_and_uses_everything_alone() {
 
 #[tokio::test(start_paused = true)]
 async fn the_guaranteed_minimum_holds_when_the_global_budget_is_spent() {
-    let budget = Budget::builder(BudgetConfig {
-        stable_budget: 1000.0,
-        ..BudgetConfig::default()
+    let budget = Budget::builder({
+        let mut built = BudgetConfig::default();
+        built.stable_budget = 1000.0;
+        built
     })
     .tenants(tenants(50.0))
     .build();
@@ -274,25 +274,28 @@ async fn the_guaranteed_minimum_holds_when_the_global_budget_is_spent() {
 
 #[tokio::test(start_paused = true)]
 async fn a_weight_50_tool_is_admitted_50_times_less_often() {
-    let costs = CostConfig {
-        tools: [
+    let costs = {
+        let mut built = CostConfig::default();
+        built.tools = [
             ("heavy".to_owned(), Weight::Fixed(50)),
             ("light".to_owned(), Weight::Fixed(1)),
         ]
         .into_iter()
-        .collect(),
-        ..CostConfig::default()
+        .collect();
+        built
     };
     let mut counts = Vec::new();
     for (tool, cost) in [("light", 1), ("heavy", 50)] {
-        let budget = Budget::builder(BudgetConfig {
-            stable_budget: 1000.0,
-            burst: Some(50.0),
-            ..BudgetConfig::default()
+        let budget = Budget::builder({
+            let mut built = BudgetConfig::default();
+            built.stable_budget = 1000.0;
+            built.burst = Some(50.0);
+            built
         })
-        .tenants(TenantConfig {
-            enabled: false,
-            ..TenantConfig::default()
+        .tenants({
+            let mut built = TenantConfig::default();
+            built.enabled = false;
+            built
         })
         .costs(costs.clone())
         .build();
@@ -318,14 +321,16 @@ async fn a_weight_50_tool_is_admitted_50_times_less_often() {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_refused_by_a_later_stage_gets_its_charge_back() {
-    let budget = Budget::builder(BudgetConfig {
-        stable_budget: 10.0,
-        burst: Some(1.0),
-        ..BudgetConfig::default()
+    let budget = Budget::builder({
+        let mut built = BudgetConfig::default();
+        built.stable_budget = 10.0;
+        built.burst = Some(1.0);
+        built
     })
-    .tenants(TenantConfig {
-        enabled: false,
-        ..TenantConfig::default()
+    .tenants({
+        let mut built = TenantConfig::default();
+        built.enabled = false;
+        built
     })
     .build();
     let refuse_all = AdmitLayer::new(|_: &Call| {
@@ -356,9 +361,10 @@ async fn a_call_refused_by_a_later_stage_gets_its_charge_back() {
 
 #[test]
 fn invalid_settings_are_refused_with_the_field_named() {
-    let err = Budget::builder(BudgetConfig {
-        alpha: 0.0,
-        ..BudgetConfig::default()
+    let err = Budget::builder({
+        let mut built = BudgetConfig::default();
+        built.alpha = 0.0;
+        built
     })
     .try_build()
     .unwrap_err();
@@ -367,9 +373,10 @@ fn invalid_settings_are_refused_with_the_field_named() {
         ("budget.alpha", "must be in (0, 1]")
     );
     let err = Budget::builder(BudgetConfig::default())
-        .tenants(TenantConfig {
-            max_tenants: 0,
-            ..TenantConfig::default()
+        .tenants({
+            let mut built = TenantConfig::default();
+            built.max_tenants = 0;
+            built
         })
         .try_build()
         .unwrap_err();
@@ -398,11 +405,9 @@ fn finish(budget: &Budget, n: usize, outcome: stormgate::outcome::Outcome, servi
 #[tokio::test(start_paused = true)]
 async fn calls_their_clients_gave_up_on_count_as_slow_not_as_errors() {
     use stormgate::outcome::Outcome;
-    let config = BudgetConfig {
-        stable_budget: 1000.0,
-        target_p99: Some(ms(500)),
-        ..BudgetConfig::default()
-    };
+    let mut config = BudgetConfig::default();
+    config.stable_budget = 1000.0;
+    config.target_p99 = Some(ms(500));
     // Every call abandoned after 2 s: without the cancels there is no sample at all, and the
     // budget would stay at its stable value.
     let slow = Budget::builder(config.clone()).build();
@@ -524,9 +529,10 @@ async fn in_a_contended_tenant_the_sessions_above_their_share_are_refused_not_th
     // (5000/s) from the start; four light sessions one scan a second each, from 0.5 s on
     // (at the very first instant, before any tick, there are no shares to go by).
     let budget = Budget::builder(BudgetConfig::default())
-        .costs(CostConfig {
-            tools: [("sql_scan".to_owned(), Weight::Fixed(50))].into(),
-            ..CostConfig::default()
+        .costs({
+            let mut built = CostConfig::default();
+            built.tools = [("sql_scan".to_owned(), Weight::Fixed(50))].into();
+            built
         })
         .build();
     let call = |session: &str| {
@@ -572,16 +578,17 @@ async fn a_bursting_runaway_does_not_get_a_complex_agents_heavier_calls_refused(
     // part and into the plain bucket the runaway's bursts had just drained (3 of 280 refused;
     // 12 with an equal split of the tenant's rate instead of the max-min level).
     let budget = Budget::builder(BudgetConfig::default())
-        .costs(CostConfig {
-            tools: [
+        .costs({
+            let mut built = CostConfig::default();
+            built.tools = [
                 ("cache_get".to_owned(), Weight::Fixed(1)),
                 ("vector_search".to_owned(), Weight::Fixed(10)),
                 ("sql_scan".to_owned(), Weight::Fixed(50)),
                 ("read_doc".to_owned(), Weight::Fixed(1)),
                 ("create_order".to_owned(), Weight::Fixed(100)),
             ]
-            .into(),
-            ..CostConfig::default()
+            .into();
+            built
         })
         .build();
     let call = |session: &str, tool: &str, cost: u32| {
@@ -647,9 +654,10 @@ async fn calls_on_ids_the_server_has_not_accepted_are_one_vote_on_a_tools_latenc
     // 200 ms; a flood of 1 ms scans on made-up ids under ever-new tenants (none accepted: the
     // guard is full) is one vote, so the tool's healthy latency stays 200 ms. With a vote per
     // tenant pool it would be 1 ms, and every honest scan slow.
-    let guard = SessionGuard::new(SessionConfig {
-        max_sessions: 2,
-        ..SessionConfig::default()
+    let guard = SessionGuard::new({
+        let mut built = SessionConfig::default();
+        built.max_sessions = 2;
+        built
     })
     .unwrap();
     let budget = Budget::builder(BudgetConfig::default())
@@ -717,9 +725,10 @@ async fn a_switch_flipped_by_hand_applies_at_the_next_call() {
 /// (`one_tenant`) or each in a tenant of its own; the second heavy one is another tenant.
 async fn light_refusals(one_tenant: bool) -> usize {
     let budget = Budget::builder(BudgetConfig::default())
-        .costs(CostConfig {
-            tools: [("sql_scan".to_owned(), Weight::Fixed(50))].into(),
-            ..CostConfig::default()
+        .costs({
+            let mut built = CostConfig::default();
+            built.tools = [("sql_scan".to_owned(), Weight::Fixed(50))].into();
+            built
         })
         .build();
     let call = |session: &str, tenant: &str| {
@@ -780,16 +789,17 @@ async fn one_tenant_of_twelve_sessions_fares_as_twelve_tenants_of_one() {
 #[tokio::test(start_paused = true)]
 async fn a_swarm_of_eight_sessions_does_not_get_a_complex_agent_at_two_calls_a_second_refused() {
     let budget = Budget::builder(BudgetConfig::default())
-        .costs(CostConfig {
-            tools: [
+        .costs({
+            let mut built = CostConfig::default();
+            built.tools = [
                 ("cache_get".to_owned(), Weight::Fixed(1)),
                 ("vector_search".to_owned(), Weight::Fixed(10)),
                 ("sql_scan".to_owned(), Weight::Fixed(50)),
                 ("read_doc".to_owned(), Weight::Fixed(1)),
                 ("create_order".to_owned(), Weight::Fixed(100)),
             ]
-            .into(),
-            ..CostConfig::default()
+            .into();
+            built
         })
         .build();
     let call = |session: &str, tool: &str, cost: u32| {

@@ -20,28 +20,29 @@ use tower::ServiceExt;
 async fn a_sql_scan_burst_drives_the_budget_down_and_it_recovers_by_steps() {
     let mut costs = CostConfig::default();
     costs.tools.insert("sql_scan".into(), Weight::Fixed(50));
-    let config = Config {
-        // A budget above what the pool can serve (4 connections x 5 scans/s x 50 units =
+    let config = {
+        let mut built = Config::default(); // A budget above what the pool can serve (4 connections x 5 scans/s x 50 units =
         // 1000/s), so the burst reaches the backend and the controller has to find out.
-        budget: BudgetConfig {
-            stable_budget: 5000.0,
-            burst: Some(2500.0),
-            target_p99: Some(Duration::from_millis(1000)),
-            ..BudgetConfig::default()
-        },
-        // One tenant only: its share would cap the burst at a tenth of a second of budget
+        built.budget = {
+            let mut built = BudgetConfig::default();
+            built.stable_budget = 5000.0;
+            built.burst = Some(2500.0);
+            built.target_p99 = Some(Duration::from_millis(1000));
+            built
+        }; // One tenant only: its share would cap the burst at a tenth of a second of budget
         // (10 scans); here the global controller is under test.
-        tenants: TenantConfig {
-            enabled: false,
-            ..TenantConfig::default()
-        },
-        costs,
-        // The session guard is under test elsewhere; here it must not stand in the way.
-        sessions: SessionConfig {
-            enabled: false,
-            ..SessionConfig::default()
-        },
-        ..Config::default()
+        built.tenants = {
+            let mut built = TenantConfig::default();
+            built.enabled = false;
+            built
+        };
+        built.costs = costs; // The session guard is under test elsewhere; here it must not stand in the way.
+        built.sessions = {
+            let mut built = SessionConfig::default();
+            built.enabled = false;
+            built
+        };
+        built
     };
     let backend = app::Backend::new();
     let (router, control) = app::protected(backend.clone(), config).unwrap();

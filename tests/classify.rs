@@ -388,9 +388,10 @@ async fn a_stalled_body_is_answered_408_at_exactly_the_body_timeout() {
 
 #[tokio::test(start_paused = true)]
 async fn bodies_being_read_at_once_are_capped_and_the_next_is_answered_503_unread() {
-    let layer = ClassifyLayer::new().settings(stormgate::classify::ClassifyConfig {
-        max_buffered_bytes: 10 << 20,
-        ..Default::default()
+    let layer = ClassifyLayer::new().settings({
+        let mut built = stormgate::classify::ClassifyConfig::default();
+        built.max_buffered_bytes = 10 << 20;
+        built
     });
     let svc = || layer.clone().layer(Recorder::default().service(ok_json));
     // Two slow clients declaring 4 MiB each: 8 of the 10 MiB.

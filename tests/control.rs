@@ -70,14 +70,15 @@ async fn off_releases_queued_waiters_at_once_and_adaptive_limits_again() {
 
 #[tokio::test(start_paused = true)]
 async fn fixed_enforces_exactly_its_limits() {
-    let config = Config {
-        mode: Mode::Fixed,
-        fixed: FixedLimits {
+    let config = {
+        let mut built = Config::default();
+        built.mode = Mode::Fixed;
+        built.fixed = FixedLimits {
             global_rate: Some(10.0),
             tenant_rate: None,
             session_rate: None,
-        },
-        ..Config::default()
+        };
+        built
     };
     let control = Control::new(config).unwrap();
     let call = Call::request("tools/call").with_tool("x");
@@ -96,14 +97,15 @@ async fn fixed_enforces_exactly_its_limits() {
     assert_eq!(admitted, 11);
 
     // Per tenant: 5 per second each, two tenants, no global limit.
-    let control = Control::new(Config {
-        mode: Mode::Fixed,
-        fixed: FixedLimits {
+    let control = Control::new({
+        let mut built = Config::default();
+        built.mode = Mode::Fixed;
+        built.fixed = FixedLimits {
             global_rate: None,
             tenant_rate: Some(5.0),
             session_rate: None,
-        },
-        ..Config::default()
+        };
+        built
     })
     .unwrap();
     let calls = ["a", "b"].map(|t| {
@@ -136,12 +138,13 @@ fn observe(control: &Control, failed: bool) {
 
 #[tokio::test(start_paused = true)]
 async fn back_to_adaptive_resumes_the_learned_budget() {
-    let control = Control::new(Config {
-        fixed: FixedLimits {
+    let control = Control::new({
+        let mut built = Config::default();
+        built.fixed = FixedLimits {
             global_rate: Some(50.0),
             ..FixedLimits::default()
-        },
-        ..Config::default()
+        };
+        built
     })
     .unwrap();
     // Two unhealthy ticks: 1000 -> 700 -> 490.
@@ -187,13 +190,15 @@ async fn an_invalid_reload_changes_nothing_and_a_valid_one_keeps_learned_state()
         Some("sessions.window_size_ms: must be greater than 0")
     );
 
-    let good = Config {
-        budget: BudgetConfig {
-            stable_budget: 2000.0,
-            ..BudgetConfig::default()
-        },
-        mode: Mode::Fixed,
-        ..Config::default()
+    let good = {
+        let mut built = Config::default();
+        built.budget = {
+            let mut built = BudgetConfig::default();
+            built.stable_budget = 2000.0;
+            built
+        };
+        built.mode = Mode::Fixed;
+        built
     };
     control.reload(good).unwrap();
     assert_eq!(control.config().budget.stable_budget, 2000.0);
@@ -254,12 +259,15 @@ async fn admin_routes_require_the_token() {
         "no token configured: no routes"
     );
 
-    let control = Control::new(Config {
-        admin: AdminConfig {
-            token: Some("s3cret".into()),
-            token_env: None,
-        },
-        ..Config::default()
+    let control = Control::new({
+        let mut built = Config::default();
+        built.admin = {
+            let mut built = AdminConfig::default();
+            built.token = Some("s3cret".into());
+            built.token_env = None;
+            built
+        };
+        built
     })
     .unwrap();
     let admin = control.admin_router().unwrap();
@@ -373,18 +381,20 @@ async fn the_audit_keeps_each_sessions_calls_with_queue_wait_and_outcome() {
 #[tokio::test(start_paused = true)]
 async fn flips_and_reloads_under_load_fail_no_call() {
     // Adaptive and fixed both refuse much of this load; off refuses nothing.
-    let base = Config {
-        fixed: FixedLimits {
+    let base = {
+        let mut built = Config::default();
+        built.fixed = FixedLimits {
             session_rate: Some(1.0),
             ..FixedLimits::default()
-        },
-        sessions: SessionConfig {
-            base_budget: 2.0,
-            burst: 2.0,
-            ..SessionConfig::default()
-        },
-        tenants: TenantConfig::default(),
-        ..Config::default()
+        };
+        built.sessions = {
+            let mut built = SessionConfig::default();
+            built.base_budget = 2.0;
+            built.burst = 2.0;
+            built
+        };
+        built.tenants = TenantConfig::default();
+        built
     };
     let (router, control) = app::protected(app::Backend::new(), base.clone()).unwrap();
     let _tasks = control.spawn();

@@ -80,9 +80,10 @@ async fn refused_at_once_when_the_queue_cannot_make_it_and_cut_when_running_past
 
 #[tokio::test(start_paused = true)]
 async fn the_deadline_reaches_the_tool_code() {
-    let layer = ClassifyLayer::new().deadlines(DeadlineConfig {
-        default: Some(ms(2000)),
-        ..DeadlineConfig::default()
+    let layer = ClassifyLayer::new().deadlines({
+        let mut built = DeadlineConfig::default();
+        built.default = Some(ms(2000));
+        built
     });
     let inner = tower::service_fn(|req: Request<Body>| async move {
         let remaining = req.extensions().get::<Deadline>().map(Deadline::remaining);

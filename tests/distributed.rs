@@ -30,16 +30,18 @@ fn distributed(
     window_ms: u64,
     on_failure: FailureMode,
 ) -> DistributedConfig {
-    DistributedConfig {
-        url: url.to_owned(),
-        prefix: prefix.to_owned(),
-        node_id: Some(node.to_owned()),
-        lease_window: Duration::from_millis(window_ms),
-        timeout: Duration::from_millis(50).min(Duration::from_millis(window_ms / 2)),
-        on_failure,
-        expected_nodes: None,
-        proposal_ttl: Duration::from_secs(1),
-        max_backoff: Duration::from_millis(400),
+    {
+        let mut built = DistributedConfig::default();
+        built.url = url.to_owned();
+        built.prefix = prefix.to_owned();
+        built.node_id = Some(node.to_owned());
+        built.lease_window = Duration::from_millis(window_ms);
+        built.timeout = Duration::from_millis(50).min(Duration::from_millis(window_ms / 2));
+        built.on_failure = on_failure;
+        built.expected_nodes = None;
+        built.proposal_ttl = Duration::from_secs(1);
+        built.max_backoff = Duration::from_millis(400);
+        built
     }
 }
 
@@ -58,16 +60,17 @@ async fn node(config: Option<DistributedConfig>) -> Node {
 /// The same with a guaranteed minimum of `min_budget` per tenant.
 async fn node_with_minimum(config: Option<DistributedConfig>, min_budget: f64) -> Node {
     let shared = config.map(|c| SharedBudget::new(c).unwrap());
-    let mut builder = Budget::builder(BudgetConfig {
-        stable_budget: BUDGET,
-        // A tenth of a second of burst (the default is a second): these tests measure the
+    let mut builder = Budget::builder({
+        let mut built = BudgetConfig::default();
+        built.stable_budget = BUDGET; // A tenth of a second of burst (the default is a second): these tests measure the
         // cluster's rate over windows of about a second.
-        burst: Some(BUDGET / 10.0),
-        ..BudgetConfig::default()
+        built.burst = Some(BUDGET / 10.0);
+        built
     })
-    .tenants(TenantConfig {
-        min_budget: Some(min_budget),
-        ..TenantConfig::default()
+    .tenants({
+        let mut built = TenantConfig::default();
+        built.min_budget = Some(min_budget);
+        built
     });
     if let Some(s) = &shared {
         builder = builder.shared(s.clone());
@@ -500,14 +503,16 @@ async fn a_decrease_by_one_node_reaches_the_others_within_a_second() {
             nodes[0]
                 .budget
                 .reconfigure(
-                    BudgetConfig {
-                        stable_budget: lower,
-                        burst: Some(BUDGET / 10.0),
-                        ..BudgetConfig::default()
+                    {
+                        let mut built = BudgetConfig::default();
+                        built.stable_budget = lower;
+                        built.burst = Some(BUDGET / 10.0);
+                        built
                     },
-                    TenantConfig {
-                        min_budget: Some(0.0),
-                        ..TenantConfig::default()
+                    {
+                        let mut built = TenantConfig::default();
+                        built.min_budget = Some(0.0);
+                        built
                     },
                     &Default::default(),
                 )
@@ -624,9 +629,10 @@ async fn a_node_without_a_proposal_yet_never_lowers_the_cluster_rate() {
         "{proposals:?}"
     );
     // Given a budget (and no ticker), it proposes the stable budget at once and admits.
-    let budget = Budget::builder(BudgetConfig {
-        stable_budget: BUDGET,
-        ..BudgetConfig::default()
+    let budget = Budget::builder({
+        let mut built = BudgetConfig::default();
+        built.stable_budget = BUDGET;
+        built
     })
     .shared(late.clone())
     .build();

@@ -23,34 +23,38 @@ use tower::ServiceExt;
 const BUDGET: f64 = 200.0;
 
 fn config(redis: Option<&str>, node: &str) -> Config {
-    Config {
-        budget: BudgetConfig {
-            stable_budget: BUDGET,
-            // A tenth of a second of burst (the default is a second): the cluster's rate is
+    {
+        let mut built = Config::default();
+        built.budget = {
+            let mut built = BudgetConfig::default();
+            built.stable_budget = BUDGET; // A tenth of a second of burst (the default is a second): the cluster's rate is
             // measured over windows of about a second.
-            burst: Some(BUDGET / 10.0),
-            ..BudgetConfig::default()
-        },
-        tenants: TenantConfig {
-            min_budget: Some(0.0),
-            ..TenantConfig::default()
-        },
-        // The session guard would refuse this one busy session first; the budget is under test.
-        sessions: SessionConfig {
-            enabled: false,
-            ..SessionConfig::default()
-        },
-        distributed: redis.map(|url| DistributedConfig {
-            url: url.to_owned(),
-            prefix: "http".into(),
-            node_id: Some(node.to_owned()),
-            ..DistributedConfig::default()
-        }),
-        admin: AdminConfig {
-            token: Some("s3cret".into()),
-            ..AdminConfig::default()
-        },
-        ..Config::default()
+            built.burst = Some(BUDGET / 10.0);
+            built
+        };
+        built.tenants = {
+            let mut built = TenantConfig::default();
+            built.min_budget = Some(0.0);
+            built
+        }; // The session guard would refuse this one busy session first; the budget is under test.
+        built.sessions = {
+            let mut built = SessionConfig::default();
+            built.enabled = false;
+            built
+        };
+        built.distributed = redis.map(|url| {
+            let mut built = DistributedConfig::default();
+            built.url = url.to_owned();
+            built.prefix = "http".into();
+            built.node_id = Some(node.to_owned());
+            built
+        });
+        built.admin = {
+            let mut built = AdminConfig::default();
+            built.token = Some("s3cret".into());
+            built
+        };
+        built
     }
 }
 

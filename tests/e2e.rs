@@ -227,10 +227,8 @@ async fn a_2026_07_28_client_gets_the_modern_code() {
 async fn the_stack_layers_any_mcp_service() {
     use stormgate::control::{Control, Mode};
     use tower::Layer;
-    let mut config = Config {
-        mode: Mode::Fixed,
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.mode = Mode::Fixed;
     config.fixed.global_rate = Some(1.0);
     let control = Control::new(config).unwrap();
     let backend = app::Backend::new();

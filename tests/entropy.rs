@@ -15,19 +15,21 @@ fn ms(n: u64) -> Duration {
 /// A guard whose sessions are judged from their first call: no probation (tests/hostile.rs
 /// covers it), and every session is accepted as the server would on `initialize`.
 fn guard() -> SessionGuard {
-    guard_of(SessionConfig {
-        base_budget: 2.0,
-        burst: 4.0,
-        ..SessionConfig::default()
+    guard_of({
+        let mut built = SessionConfig::default();
+        built.base_budget = 2.0;
+        built.burst = 4.0;
+        built
     })
 }
 
 /// [`guard`] with `config`'s other settings.
 fn guard_of(config: SessionConfig) -> SessionGuard {
-    SessionGuard::new(SessionConfig {
-        probation: 1.0,
-        new_session_burst: 1000.0,
-        ..config
+    SessionGuard::new({
+        let mut built = config;
+        built.probation = 1.0;
+        built.new_session_burst = 1000.0;
+        built
     })
     .unwrap()
 }
@@ -344,10 +346,11 @@ async fn milliseconds_of_noise_on_a_fast_tool_are_not_slowness() {
 /// same cold calls three at a time run out of its budget.
 #[tokio::test(start_paused = true)]
 async fn work_slow_by_nature_is_not_distress_but_costs_the_time_it_holds() {
-    let g = guard_of(SessionConfig {
-        base_budget: 60.0,
-        burst: 120.0,
-        ..SessionConfig::default()
+    let g = guard_of({
+        let mut built = SessionConfig::default();
+        built.base_budget = 60.0;
+        built.burst = 120.0;
+        built
     });
     let start = tokio::time::Instant::now();
     let scan = |session: &str, query: String| {
@@ -425,10 +428,11 @@ async fn work_slow_by_nature_is_not_distress_but_costs_the_time_it_holds() {
 /// not 17.
 #[tokio::test(start_paused = true)]
 async fn the_time_of_a_call_on_a_fast_tool_is_counted_in_floors() {
-    let g = guard_of(SessionConfig {
-        base_budget: 1.0,
-        burst: 10.0,
-        ..SessionConfig::default()
+    let g = guard_of({
+        let mut built = SessionConfig::default();
+        built.base_budget = 1.0;
+        built.burst = 10.0;
+        built
     });
     let start = tokio::time::Instant::now();
     let cache = |session: &str| call(session, "cache_get", json!({"key": "k"}));
@@ -464,10 +468,11 @@ async fn the_time_of_a_call_on_a_fast_tool_is_counted_in_floors() {
 /// its time. The tool's healthy latency is the upper median of its clients' own.
 #[tokio::test(start_paused = true)]
 async fn a_client_flooding_fast_calls_does_not_make_everyone_else_slow() {
-    let g = guard_of(SessionConfig {
-        base_budget: 100.0,
-        burst: 100.0,
-        ..SessionConfig::default()
+    let g = guard_of({
+        let mut built = SessionConfig::default();
+        built.base_budget = 100.0;
+        built.burst = 100.0;
+        built
     });
     let start = tokio::time::Instant::now();
     let scan = |session: &str| call(session, "sql_scan", json!({"table": "orders"})).with_cost(10);
@@ -496,11 +501,12 @@ async fn a_client_flooding_fast_calls_does_not_make_everyone_else_slow() {
 /// `max_sessions`, so none is accepted) is one client beside the accepted sessions.
 #[tokio::test(start_paused = true)]
 async fn unaccepted_ids_share_one_vote_on_a_tools_latency() {
-    let g = guard_of(SessionConfig {
-        base_budget: 100.0,
-        burst: 100.0,
-        max_sessions: 2,
-        ..SessionConfig::default()
+    let g = guard_of({
+        let mut built = SessionConfig::default();
+        built.base_budget = 100.0;
+        built.burst = 100.0;
+        built.max_sessions = 2;
+        built
     });
     let start = tokio::time::Instant::now();
     let scan = |session: &str| call(session, "sql_scan", json!({"table": "orders"})).with_cost(10);

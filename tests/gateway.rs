@@ -176,12 +176,14 @@ async fn mcp_headers_pass_both_ways_and_credentials_only_when_listed() {
     assert!(headers.get("keep-alive").is_none(), "{headers:?}");
 
     // Listed credentials pass, and only those.
-    let config = Config {
-        gateway: Some(GatewayConfig {
-            forward_headers: vec!["Authorization".into(), "x-api-key".into()],
-            ..GatewayConfig::default()
-        }),
-        ..Config::default()
+    let config = {
+        let mut built = Config::default();
+        built.gateway = Some({
+            let mut built = GatewayConfig::default();
+            built.forward_headers = vec!["Authorization".into(), "x-api-key".into()];
+            built
+        });
+        built
     };
     let (url, _control) = gateway(&upstream_url, config).await;
     let answer = client()
@@ -363,11 +365,9 @@ async fn an_unreachable_upstream_is_502_with_the_request_id() {
     assert_eq!(body["id"], Value::Null);
     // In off with pass_through nothing is classified, so the id is not known: null (as
     // documented).
-    let config = Config {
-        mode: Mode::Off,
-        off: stormgate::control::Off::PassThrough,
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.mode = Mode::Off;
+    config.off = stormgate::control::Off::PassThrough;
     let (url, _control) = gateway(&format!("http://127.0.0.1:{port}/mcp"), config).await;
     let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
@@ -395,12 +395,14 @@ async fn an_upstream_slower_than_the_request_timeout_is_504_with_the_request_id(
         }),
     ))
     .await;
-    let config = Config {
-        gateway: Some(GatewayConfig {
-            request_timeout: Duration::from_millis(300),
-            ..GatewayConfig::default()
-        }),
-        ..Config::default()
+    let config = {
+        let mut built = Config::default();
+        built.gateway = Some({
+            let mut built = GatewayConfig::default();
+            built.request_timeout = Duration::from_millis(300);
+            built
+        });
+        built
     };
     let (url, _control) = gateway(&format!("http://{upstream}/mcp"), config).await;
     let call = json!({"jsonrpc": "2.0", "id": "req-a", "method": "tools/call",
@@ -843,12 +845,14 @@ fn the_binary_prints_the_configuration_in_effect_and_checks_files() {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     let printed = stormgate::control::Config::from_toml(&text).unwrap();
-    let expected = stormgate::control::Config {
-        gateway: Some(stormgate::gateway::GatewayConfig {
-            upstream: Some("http://127.0.0.1:1/mcp".into()),
-            ..Default::default()
-        }),
-        ..Default::default()
+    let expected = {
+        let mut built = stormgate::control::Config::default();
+        built.gateway = Some({
+            let mut built = stormgate::gateway::GatewayConfig::default();
+            built.upstream = Some("http://127.0.0.1:1/mcp".into());
+            built
+        });
+        built
     };
     assert_eq!(printed, expected, "{text}");
     assert!(
@@ -1103,12 +1107,14 @@ async fn the_binary_proxies_serves_metrics_and_exits_0_on_sigterm() {
 
 #[test]
 fn the_gateway_section_cannot_change_while_running_and_a_document_without_it_keeps_it() {
-    let config = Config {
-        gateway: Some(GatewayConfig {
-            upstream: Some("http://127.0.0.1:8000/mcp".into()),
-            ..GatewayConfig::default()
-        }),
-        ..Config::default()
+    let config = {
+        let mut built = Config::default();
+        built.gateway = Some({
+            let mut built = GatewayConfig::default();
+            built.upstream = Some("http://127.0.0.1:8000/mcp".into());
+            built
+        });
+        built
     };
     let control = Control::new(config).unwrap();
     let source = stormgate::control::Source::File;
@@ -1149,10 +1155,8 @@ fn the_gateway_section_cannot_change_while_running_and_a_document_without_it_kee
 async fn the_conformance_suite_through_the_gateway_in_off_gives_the_upstreams_results() {
     let upstream = ts_server().await;
     let direct = common::conformance_suite(&upstream.url, "gateway-direct").await;
-    let config = Config {
-        mode: Mode::Off,
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.mode = Mode::Off;
     let (url, _control) = gateway(&upstream.url, config).await;
     let through = common::conformance_suite(&url, "gateway-through").await;
     assert!(direct.len() >= 20, "{} scenarios", direct.len());
@@ -1548,13 +1552,15 @@ async fn a_pooled_connection_the_upstream_closed_is_not_the_next_clients_error()
     let upstream = closing_upstream(seen.clone(), true).await;
     // Measuring only: what is under test is the proxy, not the budgets.
     // A call the upstream never answers would show as 504 after 10 s, not after a minute.
-    let measuring = || Config {
-        mode: Mode::Off,
-        gateway: Some(GatewayConfig {
-            request_timeout: Duration::from_secs(10),
-            ..GatewayConfig::default()
-        }),
-        ..Config::default()
+    let measuring = || {
+        let mut built = Config::default();
+        built.mode = Mode::Off;
+        built.gateway = Some({
+            let mut built = GatewayConfig::default();
+            built.request_timeout = Duration::from_secs(10);
+            built
+        });
+        built
     };
     let (url, _control) = gateway(&upstream, measuring()).await;
     let statuses = calls_to(&url, 8, 50).await;
@@ -1646,12 +1652,14 @@ async fn an_https_upstream_is_reached_when_its_certificate_chains_to_a_known_ca_
     let port = tls_upstream(server).await;
     let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
                       "params": {"name": "echo", "arguments": {"text": "x"}}});
-    let with_ca = |ca_file: Option<std::path::PathBuf>| Config {
-        gateway: Some(GatewayConfig {
-            ca_file,
-            ..GatewayConfig::default()
-        }),
-        ..Config::default()
+    let with_ca = |ca_file: Option<std::path::PathBuf>| {
+        let mut built = Config::default();
+        built.gateway = Some({
+            let mut built = GatewayConfig::default();
+            built.ca_file = ca_file;
+            built
+        });
+        built
     };
     // The private CA given: answered through TLS, the name checked (`localhost`, sent as SNI).
     let (url, _control) = gateway(
@@ -1683,11 +1691,9 @@ async fn an_https_upstream_is_reached_when_its_certificate_chains_to_a_known_ca_
         (dir.join("missing.pem"), "missing.pem"),
         (empty, "no certificate"),
     ] {
-        let gw = GatewayConfig {
-            upstream: Some(format!("https://localhost:{port}/mcp")),
-            ca_file: Some(file),
-            ..GatewayConfig::default()
-        };
+        let mut gw = GatewayConfig::default();
+        gw.upstream = Some(format!("https://localhost:{port}/mcp"));
+        gw.ca_file = Some(file);
         let e = Proxy::new(&gw).unwrap_err();
         assert_eq!(e.field, "gateway.ca_file");
         assert!(e.to_string().contains(says), "{e}");
@@ -1718,10 +1724,8 @@ async fn every_abandoned_call_is_cancelled_upstream_exactly_once() {
         }),
     ))
     .await;
-    let measuring = Config {
-        mode: Mode::Off,
-        ..Config::default()
-    };
+    let mut measuring = Config::default();
+    measuring.mode = Mode::Off;
     let (url, _control) = gateway(&format!("http://{upstream}/mcp"), measuring).await;
     const CALLS: usize = 400;
     let clients: Vec<_> = (0..CALLS)

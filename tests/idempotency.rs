@@ -15,17 +15,19 @@ use stormgate::idempotency::Missing;
 use tower::ServiceExt;
 
 fn config() -> Config {
-    let mut config = Config {
-        identity: IdentityConfig {
-            tenant_header: Some("x-tenant".into()),
-            session_meta_key: None,
-            ..IdentityConfig::default()
-        },
-        fixed: FixedLimits {
+    let mut config = {
+        let mut built = Config::default();
+        built.identity = {
+            let mut built = IdentityConfig::default();
+            built.tenant_header = Some("x-tenant".into());
+            built.session_meta_key = None;
+            built
+        };
+        built.fixed = FixedLimits {
             session_rate: Some(0.001),
             ..FixedLimits::default()
-        },
-        ..Config::default()
+        };
+        built
     };
     config.idempotency.tools.insert("create_order".into());
     config.sessions.base_budget = 1000.0;

@@ -23,10 +23,8 @@ type Answer = tokio::task::JoinHandle<Result<Response<Body>, BoxError>>;
 /// Classification and the idempotency layer (`create_order` listed) around the mock.
 fn stack() -> (Stack, Handle) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let config = IdempotencyConfig {
-        tools: ["create_order".to_owned()].into(),
-        ..IdempotencyConfig::default()
-    };
+    let mut config = IdempotencyConfig::default();
+    config.tools = ["create_order".to_owned()].into();
     let stack = ServiceBuilder::new()
         .layer(ClassifyLayer::new())
         .layer(IdempotencyLayer::new(config).unwrap())

@@ -312,10 +312,11 @@ async fn a_switch_of_your_own_flips_the_stages_that_follow_it() {
     use stormgate::entropy::{SessionConfig, SessionGuard};
     let switch = Switch::default();
     let guard = SessionGuard::with_switch(
-        SessionConfig {
-            base_budget: 1.0,
-            burst: 1.0,
-            ..SessionConfig::default()
+        {
+            let mut built = SessionConfig::default();
+            built.base_budget = 1.0;
+            built.burst = 1.0;
+            built
         },
         switch.clone(),
     )

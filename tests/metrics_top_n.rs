@@ -30,12 +30,13 @@ fn a_session_that_leaves_the_top_n_leaves_the_scrape() {
         .build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
-        let g = SessionGuard::new(SessionConfig {
-            top_n: 1,
-            base_budget: 1000.0,
-            burst: 1000.0,
-            probation: 1.0,
-            ..SessionConfig::default()
+        let g = SessionGuard::new({
+            let mut built = SessionConfig::default();
+            built.top_n = 1;
+            built.base_budget = 1000.0;
+            built.burst = 1000.0;
+            built.probation = 1.0;
+            built
         })
         .unwrap();
         let accept =

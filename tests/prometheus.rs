@@ -85,9 +85,10 @@ async fn prometheus_returns_data_for_every_panel_query() {
     let mut redis = redis_support::RedisServer::start();
     #[cfg(feature = "redis")]
     {
-        config.distributed = Some(stormgate::distributed::DistributedConfig {
-            url: redis.url(),
-            ..Default::default()
+        config.distributed = Some({
+            let mut built = stormgate::distributed::DistributedConfig::default();
+            built.url = redis.url();
+            built
         });
     }
     let (router, control) = app::protected(app::Backend::new(), config).unwrap();

@@ -19,9 +19,10 @@ fn bytes_per_tracked_session() {
         .build()
         .unwrap();
     let _enter = rt.enter();
-    let g = SessionGuard::new(SessionConfig {
-        new_session_burst: 1e6,
-        ..SessionConfig::default()
+    let g = SessionGuard::new({
+        let mut built = SessionConfig::default();
+        built.new_session_burst = 1e6;
+        built
     })
     .unwrap();
     let n = 100_000;

@@ -22,11 +22,12 @@ fn call(session: &str) -> Call {
 
 #[tokio::test(start_paused = true)]
 async fn a_million_idle_sessions_are_all_swept_after_the_ttl() {
-    let g = SessionGuard::new(SessionConfig {
-        max_sessions: 1_000_000,
-        new_session_burst: 2e6,
-        idle_ttl: Duration::from_secs(300),
-        ..SessionConfig::default()
+    let g = SessionGuard::new({
+        let mut built = SessionConfig::default();
+        built.max_sessions = 1_000_000;
+        built.new_session_burst = 2e6;
+        built.idle_ttl = Duration::from_secs(300);
+        built
     })
     .unwrap();
     for i in 0..1_000_000 {
@@ -43,13 +44,14 @@ async fn a_million_idle_sessions_are_all_swept_after_the_ttl() {
 
 #[tokio::test(start_paused = true)]
 async fn the_cap_holds_and_a_busy_session_survives_a_flood() {
-    let g = SessionGuard::new(SessionConfig {
-        max_sessions: 1000,
-        idle_ttl: Duration::from_secs(60),
-        base_budget: 1000.0,
-        burst: 1000.0,
-        new_session_burst: 1e6,
-        ..SessionConfig::default()
+    let g = SessionGuard::new({
+        let mut built = SessionConfig::default();
+        built.max_sessions = 1000;
+        built.idle_ttl = Duration::from_secs(60);
+        built.base_budget = 1000.0;
+        built.burst = 1000.0;
+        built.new_session_burst = 1e6;
+        built
     })
     .unwrap();
     let busy = call("busy");
@@ -98,10 +100,11 @@ async fn ids_the_server_never_accepted_are_not_stored() {
 
 #[tokio::test(start_paused = true)]
 async fn a_tenant_starts_new_sessions_at_its_newcomer_rate() {
-    let g = SessionGuard::new(SessionConfig {
-        new_session_burst: 10.0,
-        new_session_rate: 0.2,
-        ..SessionConfig::default()
+    let g = SessionGuard::new({
+        let mut built = SessionConfig::default();
+        built.new_session_burst = 10.0;
+        built.new_session_rate = 0.2;
+        built
     })
     .unwrap();
     let accepted = (0..100).filter(|i| accept(&g, &format!("n{i}"))).count();

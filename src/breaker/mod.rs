@@ -38,6 +38,7 @@ use crate::rejection::{Reason, Rejection, Scope};
 /// Breaker settings. The defaults are stormgate's own choice; no standard fixes the numbers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct BreakerConfig {
     /// The tools with a breaker. Empty (the default): none.
     pub tools: BTreeSet<String>,

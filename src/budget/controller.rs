@@ -39,6 +39,7 @@ use super::Ewma;
 /// weight 50 costs 50 units).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct BudgetConfig {
     /// The budget when the backend is healthy, and the ceiling of recovery. Default 1000.
     pub stable_budget: f64,

@@ -29,7 +29,9 @@
 //! use stormgate::admit::Admission;
 //! use stormgate::budget::{Budget, BudgetConfig};
 //!
-//! let budget = Budget::builder(BudgetConfig { stable_budget: 100.0, ..Default::default() }).build();
+//! let mut config = BudgetConfig::default();
+//! config.stable_budget = 100.0;
+//! let budget = Budget::builder(config).build();
 //! let _ticker = budget.spawn_ticker();
 //! assert!(budget.admit(&Call::request("tools/call").with_tool("cache_get")).is_ok());
 //! assert_eq!(budget.current(), 100.0);

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 /// Per-tenant budget settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct TenantConfig {
     /// Whether tenants get shares at all. Default true.
     pub enabled: bool,

@@ -64,6 +64,7 @@ pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 64 * 1024 * 1024;
 /// The classifier's settings in the configuration (`[classify]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ClassifyConfig {
     /// Which batches are classified. Default `auto`.
     pub batches: Batches,

@@ -36,6 +36,7 @@ use crate::rejection::RejectionFormat;
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Config {
     /// The kill switch: `adaptive` (default), `fixed` or `off`.
     pub mode: Mode,
@@ -101,6 +102,7 @@ pub(crate) fn read(path: &std::path::Path) -> Result<String, ControlError> {
 /// How tenants and sessions are found (see [`DefaultIdentity`](crate::call::DefaultIdentity)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct IdentityConfig {
     /// Read the tenant from this header when no `Tenant` extension is set. Absent: not read
     /// (a client-chosen header is not trusted by default).
@@ -156,6 +158,7 @@ impl IdentityConfig {
 /// Bounds on metric labels.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct MetricsConfig {
     /// Distinct `tenant` label values before `other`. Default 100.
     pub max_tenant_labels: usize,
@@ -202,6 +205,7 @@ impl Default for Config {
 /// The admin routes' settings. Without a token the routes are not served at all.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct AdminConfig {
     /// The bearer token, literally (never written back by `GET /config`).
     #[serde(skip_serializing)]

@@ -54,6 +54,7 @@ impl FailureMode {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct DistributedConfig {
     /// The Redis URL (`redis://host:port/db`, `rediss://...`, `unix:///path`). Default
     /// `redis://127.0.0.1:6379`.

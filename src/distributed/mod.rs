@@ -52,13 +52,13 @@
 //! use stormgate::budget::{Budget, BudgetConfig};
 //! use stormgate::distributed::{DistributedConfig, SharedBudget, SharedMode};
 //!
-//! let shared = SharedBudget::new(DistributedConfig {
-//!     url: "redis://127.0.0.1:6379".into(),
-//!     ..Default::default()
-//! })
-//! .unwrap();
+//! let mut config = DistributedConfig::default();
+//! config.url = "redis://127.0.0.1:6379".into();
+//! let shared = SharedBudget::new(config).unwrap();
 //! shared.ready(Duration::from_secs(1)).await; // optional: admission works in the meantime
-//! let budget = Budget::builder(BudgetConfig { stable_budget: 1000.0, ..Default::default() })
+//! let mut config = BudgetConfig::default();
+//! config.stable_budget = 1000.0;
+//! let budget = Budget::builder(config)
 //!     .shared(shared.clone())
 //!     .build();
 //! let _ticker = budget.spawn_ticker();

@@ -22,6 +22,7 @@ use super::{DEFAULT_MAX_KEYS, FifoLimitLayer, ResourceLimiter, ResourceLimits};
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct FifoConfig {
     /// Bound on distinct keys tracked (default 10 000).
     pub max_keys: usize,

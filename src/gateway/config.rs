@@ -30,16 +30,20 @@ pub const MAX_UPSTREAM_LEN: usize = 2048;
 /// "#).unwrap();
 /// assert_eq!(c.request_timeout, Duration::from_secs(5));
 /// assert!(c.validate().is_ok());
-/// let bad = GatewayConfig { upstream: Some("ftp://x".into()), ..GatewayConfig::default() };
-/// assert_eq!(bad.validate().unwrap_err().field, "gateway.upstream");
+/// let upstream = |url: &str| {
+///     let mut c = GatewayConfig::default(); // non-exhaustive: built from its default
+///     c.upstream = Some(url.into());
+///     c
+/// };
+/// assert_eq!(upstream("ftp://x").validate().unwrap_err().field, "gateway.upstream");
 /// // No path: refused with a hint (the root must be written out).
-/// let no_path = GatewayConfig { upstream: Some("http://127.0.0.1:3001".into()), ..GatewayConfig::default() };
-/// assert!(no_path.validate().unwrap_err().to_string().contains("http://127.0.0.1:3001/mcp"));
-/// let root = GatewayConfig { upstream: Some("http://127.0.0.1:3001/".into()), ..GatewayConfig::default() };
-/// assert!(root.validate().is_ok());
+/// let no_path = upstream("http://127.0.0.1:3001").validate().unwrap_err();
+/// assert!(no_path.to_string().contains("http://127.0.0.1:3001/mcp"));
+/// assert!(upstream("http://127.0.0.1:3001/").validate().is_ok());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct GatewayConfig {
     /// The upstream MCP endpoint, `http://host:port/path` or `https://host:port/path` (the
     /// binary's `--upstream` or `STORMGATE_UPSTREAM` sets it too; given both ways, they must

@@ -12,10 +12,8 @@
 //! use stormgate::control::{Config, Control};
 //! use stormgate::gateway::{GatewayConfig, Proxy};
 //!
-//! let gateway = GatewayConfig {
-//!     upstream: Some("http://127.0.0.1:8000/mcp".into()),
-//!     ..GatewayConfig::default()
-//! };
+//! let mut gateway = GatewayConfig::default();
+//! gateway.upstream = Some("http://127.0.0.1:8000/mcp".into());
 //! let proxy = Proxy::new(&gateway)?;
 //! let control = Control::new(Config::default())?;
 //! let _tasks = control.spawn();

@@ -33,31 +33,36 @@ pub const REASONS: [&str; 9] = [
 
 /// A configuration under which each reason is easy to reach.
 pub fn config() -> Config {
-    let mut config = Config {
-        budget: BudgetConfig {
-            stable_budget: 100.0,
-            burst: Some(8.0),
-            ..BudgetConfig::default()
-        },
-        tenants: TenantConfig {
-            min_budget: Some(0.001),
-            ..TenantConfig::default()
-        },
-        sessions: SessionConfig {
-            base_budget: 5.0,
-            burst: 5.0,
-            ..SessionConfig::default()
-        },
-        fixed: FixedLimits {
+    let mut config = {
+        let mut built = Config::default();
+        built.budget = {
+            let mut built = BudgetConfig::default();
+            built.stable_budget = 100.0;
+            built.burst = Some(8.0);
+            built
+        };
+        built.tenants = {
+            let mut built = TenantConfig::default();
+            built.min_budget = Some(0.001);
+            built
+        };
+        built.sessions = {
+            let mut built = SessionConfig::default();
+            built.base_budget = 5.0;
+            built.burst = 5.0;
+            built
+        };
+        built.fixed = FixedLimits {
             session_rate: Some(0.5),
             ..FixedLimits::default()
-        },
-        identity: IdentityConfig {
-            tenant_header: Some("x-tenant".into()),
-            session_meta_key: None,
-            ..IdentityConfig::default()
-        },
-        ..Config::default()
+        };
+        built.identity = {
+            let mut built = IdentityConfig::default();
+            built.tenant_header = Some("x-tenant".into());
+            built.session_meta_key = None;
+            built
+        };
+        built
     };
     config.fifo.keys.insert(
         "db".into(),

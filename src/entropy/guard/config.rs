@@ -20,6 +20,7 @@ pub const ERRORS_ALLOWED: f64 = 3.0;
 /// Session guard settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct SessionConfig {
     /// Whether the guard runs. Default true.
     pub enabled: bool,
