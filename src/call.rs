@@ -111,6 +111,11 @@ impl RequestId {
         std::str::from_utf8(&self.0).unwrap_or("null")
     }
 
+    /// The id's JSON text as bytes: compared without reading it as text again.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
     /// The id `raw`, a value parsed from `body`: its span of `body`.
     pub(crate) fn in_body(body: &Bytes, raw: &RawValue) -> Self {
         RequestId(body.slice_ref(raw.get().as_bytes()))

@@ -212,8 +212,8 @@ pub(crate) enum Id<'a> {
 
 impl Id<'_> {
     /// Whether this is the id whose JSON text is `json` (whitespace around it ignored).
-    pub(crate) fn is(&self, json: &str) -> bool {
-        let json = json.trim().as_bytes();
+    pub(crate) fn is(&self, json: &[u8]) -> bool {
+        let json = json.trim_ascii();
         match *self {
             Id::Text(text) => text == json,
             Id::Long(len, hash) => len == json.len() && hash == long_hash(json),

@@ -110,7 +110,7 @@ pub(crate) struct Message<'a> {
 impl Message<'_> {
     /// Whether this message carries the id whose JSON text is `id`.
     pub(crate) fn answers(&self, id: &str) -> bool {
-        self.id.is_some_and(|i| i.is(id))
+        self.id.is_some_and(|i| i.is(id.as_bytes()))
     }
 }
 

@@ -80,7 +80,7 @@ impl Pending {
         let answered = calls
             .iter()
             .enumerate()
-            .find(|(i, c)| self.open.has(*i) && c.id.as_ref().is_some_and(|i| id.is(i.as_json())));
+            .find(|(i, c)| self.open.has(*i) && c.id.as_ref().is_some_and(|i| id.is(i.as_bytes())));
         if let Some((i, call)) = answered {
             self.open.clear(i);
             self.report(call, outcome, bytes);
