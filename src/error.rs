@@ -63,6 +63,7 @@ pub enum ControlError {
     /// `replace = true`).
     Empty,
     /// The TOML text does not parse, or does not fit the configuration's shape.
+    #[cfg(feature = "toml")]
     Toml(toml::de::Error),
     /// The JSON text does not parse, or does not fit the configuration's shape.
     Json(serde_json::Error),
@@ -73,7 +74,8 @@ pub enum ControlError {
         /// The error.
         source: std::io::Error,
     },
-    /// A configuration file could not be watched.
+    /// A configuration file could not be watched (feature `watch`).
+    #[cfg(feature = "watch")]
     Watch {
         /// The directory watched.
         path: std::path::PathBuf,
@@ -101,9 +103,11 @@ impl fmt::Display for ControlError {
             ControlError::Empty => f.write_str(
                 "the document is empty: nothing applied (write `replace = true` to reset every section to its default)",
             ),
+            #[cfg(feature = "toml")]
             ControlError::Toml(e) => f.write_str(e.to_string().trim()),
             ControlError::Json(e) => e.fmt(f),
             ControlError::Read { path, source } => write!(f, "{}: {source}", path.display()),
+            #[cfg(feature = "watch")]
             ControlError::Watch { path, source } => {
                 write!(f, "cannot watch {}: {source}", path.display())
             }
@@ -117,9 +121,11 @@ impl std::error::Error for ControlError {
         match self {
             ControlError::Invalid(e) => Some(e),
             ControlError::Empty | ControlError::NoRuntime(_) => None,
+            #[cfg(feature = "toml")]
             ControlError::Toml(e) => Some(e),
             ControlError::Json(e) => Some(e),
             ControlError::Read { source, .. } => Some(source),
+            #[cfg(feature = "watch")]
             ControlError::Watch { source, .. } => Some(source),
         }
     }
@@ -131,6 +137,7 @@ impl From<ConfigError> for ControlError {
     }
 }
 
+#[cfg(feature = "toml")]
 impl From<toml::de::Error> for ControlError {
     fn from(e: toml::de::Error) -> Self {
         ControlError::Toml(e)

@@ -32,6 +32,13 @@
 //!   streaming proxy to the upstream (what the `stormgate` binary serves); [`serve`]: serving
 //!   with a bounded graceful drain on SIGTERM / SIGINT.
 //!
+//! The layers, [`control::Control`] and the configuration types need no feature. What an
+//! operator runs is behind one each, all on with the default `cli` (the binary's): `gateway`
+//! ([`gateway::Proxy`]), `tls`, `serve`, `admin` (`Control::admin_router`), `watch`
+//! (`Control::watch_file`, `reload_on_sighup`), `toml` (`Config::from_toml`, `load`, reloads
+//! from text) and `prometheus` (`metrics::prometheus_builder`); `redis` is off by default. A
+//! library user who wants only the layers sets `default-features = false`.
+//!
 //! The order of the stack, outermost first: classify, budget, session guard, FIFO limiter,
 //! outcome, the MCP service (docs/budgets.md builds the whole stack by hand, in code).
 //!
@@ -79,7 +86,7 @@ mod policy;
 mod protocol;
 pub mod rejection;
 mod schemas;
-#[cfg(unix)]
+#[cfg(all(unix, feature = "serve"))]
 pub mod serve;
 mod snapshot;
 mod sse;

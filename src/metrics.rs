@@ -134,6 +134,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ::metrics::{Counter, Histogram, SharedString};
+#[cfg(feature = "prometheus")]
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 use crate::bounded::Bounded;
@@ -243,12 +244,13 @@ pub const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A `metrics-exporter-prometheus` builder set up for stormgate's dashboards: real histograms
 /// (with [`SECONDS_BUCKETS`]) for every `*_seconds` metric, and gauges dropped after
-/// [`GAUGE_IDLE_TIMEOUT`] without an update.
+/// [`GAUGE_IDLE_TIMEOUT`] without an update. Feature `prometheus`.
 ///
 /// ```
 /// let handle = stormgate::metrics::prometheus_builder().build_recorder().handle();
 /// assert!(handle.render().is_empty());
 /// ```
+#[cfg(feature = "prometheus")]
 pub fn prometheus_builder() -> PrometheusBuilder {
     PrometheusBuilder::new()
         .set_buckets_for_metric(
@@ -392,7 +394,7 @@ impl Observer for CallMetrics {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "prometheus"))]
 mod tests {
     use super::*;
 

@@ -1,6 +1,8 @@
 //! One configuration for the whole stack, validated as a whole.
 
-use crate::error::{ConfigError, ControlError};
+use crate::error::ConfigError;
+#[cfg(feature = "toml")]
+use crate::error::ControlError;
 use serde::{Deserialize, Serialize};
 
 use super::{Features, FixedLimits, Mode, Off, Policy};
@@ -92,6 +94,7 @@ pub(crate) struct Prepared {
 }
 
 /// Reads a configuration file.
+#[cfg(feature = "toml")]
 pub(crate) fn read(path: &std::path::Path) -> Result<String, ControlError> {
     std::fs::read_to_string(path).map_err(|source| ControlError::Read {
         path: path.to_owned(),
@@ -226,14 +229,17 @@ impl AdminConfig {
 }
 
 impl Config {
-    /// Parses and validates a TOML text. The error names the field and the rule.
+    /// Parses and validates a TOML text. The error names the field and the rule (feature
+    /// `toml`).
+    #[cfg(feature = "toml")]
     pub fn from_toml(text: &str) -> Result<Config, ControlError> {
         let config: Config = toml::from_str(text)?;
         config.validate()?;
         Ok(config)
     }
 
-    /// Reads, parses and validates a TOML file.
+    /// Reads, parses and validates a TOML file (feature `toml`).
+    #[cfg(feature = "toml")]
     pub fn load(path: &std::path::Path) -> Result<Config, ControlError> {
         Self::from_toml(&read(path)?)
     }
@@ -281,6 +287,7 @@ impl Config {
     }
 
     /// The top-level keys this configuration sets to something other than their defaults.
+    #[cfg(feature = "toml")]
     pub(crate) fn sections(&self) -> Vec<&'static str> {
         self.differences(&Config::default())
     }

@@ -1,12 +1,14 @@
 //! The whole stack built from one [`Config`], and the handle that flips and reloads it.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 use axum::Router;
 
-use super::config::{Prepared, read};
+use super::config::Prepared;
+#[cfg(feature = "toml")]
+use super::config::read;
+#[cfg(feature = "toml")]
 use super::document::{merge_patch, replacement};
 use super::{Audit, Config, Mode, Policy, Switch, View};
 use crate::admit::AdmitLayer;
@@ -338,24 +340,28 @@ impl Control {
     /// running one. It is refused when empty, or when it leaves out a top-level key the
     /// running configuration sets, unless it says `replace = true` (see docs/operations.md,
     /// "Reloads"); from [`Source::Admin`] it is also refused when it would remove the admin
-    /// token.
+    /// token. Feature `toml`.
+    #[cfg(feature = "toml")]
     pub fn reload_document(&self, text: &str, source: Source) -> Result<(), ControlError> {
         self.change(source, |running| replacement(running, text))
     }
 
     /// Merges a partial document (TOML or JSON, RFC 7386 merge patch) into the running
     /// configuration and applies the result like [`reload`](Self::reload): it changes exactly
-    /// what it names.
+    /// what it names. Feature `toml`.
+    #[cfg(feature = "toml")]
     pub fn patch(&self, text: &str, source: Source) -> Result<(), ControlError> {
         self.change(source, |running| merge_patch(running, text))
     }
 
     /// Reads, validates and applies a TOML file, as [`reload_document`](Self::reload_document)
-    /// with [`Source::File`].
+    /// with [`Source::File`]. Feature `toml`.
+    #[cfg(feature = "toml")]
     pub fn reload_file(&self, path: &std::path::Path) -> Result<(), ControlError> {
         self.reload_path(path, Source::File)
     }
 
+    #[cfg(feature = "toml")]
     pub(crate) fn reload_path(
         &self,
         path: &std::path::Path,
@@ -426,9 +432,13 @@ impl Control {
         self.apply_policy();
     }
 
-    /// Reloads `path` on every SIGHUP (unix), until the returned task is aborted.
-    #[cfg(unix)]
-    pub fn reload_on_sighup(&self, path: PathBuf) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    /// Reloads `path` on every SIGHUP (unix), until the returned task is aborted. Feature
+    /// `watch`.
+    #[cfg(all(unix, feature = "watch"))]
+    pub fn reload_on_sighup(
+        &self,
+        path: std::path::PathBuf,
+    ) -> std::io::Result<tokio::task::JoinHandle<()>> {
         use tokio::signal::unix::{SignalKind, signal};
         let mut hup = signal(SignalKind::hangup())?;
         let control = self.clone();

@@ -12,12 +12,15 @@
 //!   counted, and the running configuration stays; a valid one keeps what was learned.
 //! * [`Audit`] keeps each session's recent calls with their queue wait, outcome or refusal.
 
+#[cfg(feature = "admin")]
 mod admin;
 mod audit;
 mod config;
+#[cfg(feature = "toml")]
 mod document;
 mod handle;
 mod view;
+#[cfg(feature = "watch")]
 mod watch;
 
 pub use crate::error::{ConfigError, ControlError};
@@ -28,4 +31,5 @@ pub use config::{AdminConfig, Config, IdentityConfig, MetricsConfig};
 pub use handle::Stages;
 pub use handle::{Control, Source};
 pub use view::View;
+#[cfg(feature = "watch")]
 pub use watch::DEBOUNCE;

@@ -184,7 +184,7 @@ impl GatewayConfig {
             .map(|h| {
                 let name = http::HeaderName::from_bytes(h.as_bytes())
                     .map_err(|_| ConfigError::new(field, format!("{h:?} is not a header name")))?;
-                if super::proxy::is_hop_by_hop(&name) || name == http::header::HOST {
+                if is_hop_by_hop(&name) || name == http::header::HOST {
                     return Err(ConfigError::new(
                         field,
                         format!("{h:?} is hop-by-hop: the proxy sets it itself"),
@@ -194,4 +194,21 @@ impl GatewayConfig {
             })
             .collect()
     }
+}
+
+/// Whether a header only concerns one connection (RFC 9110 section 7.6.1), so a proxy never
+/// forwards it.
+pub(crate) fn is_hop_by_hop(name: &http::HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
 }

@@ -23,14 +23,18 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "gateway")]
 mod cancel;
 mod config;
+#[cfg(feature = "gateway")]
 mod connector;
 mod hosts;
+#[cfg(feature = "gateway")]
 mod proxy;
 
 pub use config::{GatewayConfig, MAX_FORWARD_HEADERS, MAX_UPSTREAM_LEN};
 pub use hosts::{
     HostCheck, HostCheckFuture, HostVerdict, Hosts, HostsLayer, MAX_ALLOWED_HOSTS, MAX_HOST_LEN,
 };
+#[cfg(feature = "gateway")]
 pub use proxy::{FORWARDED, Proxy, ProxyFuture, UPSTREAM_ERROR_CODE, UpstreamFailure};

@@ -46,23 +46,6 @@ pub const FORWARDED: [HeaderName; 11] = [
 /// none (connection refused, timed out, broken): `-32603`, internal error.
 pub const UPSTREAM_ERROR_CODE: i32 = -32603;
 
-/// Whether a header only concerns one connection (RFC 9110 section 7.6.1), so a proxy never
-/// forwards it.
-pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
-}
-
 /// Why the upstream gave no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -375,7 +358,7 @@ fn strip_answer_headers(headers: &mut HeaderMap) {
     }
     let hop: Vec<HeaderName> = headers
         .keys()
-        .filter(|n| is_hop_by_hop(n))
+        .filter(|n| super::config::is_hop_by_hop(n))
         .cloned()
         .collect();
     for name in hop {
