@@ -22,7 +22,7 @@ use pin_project_lite::pin_project;
 use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, Sleep};
 
-use crate::answer::{Framing, Listener, Message, Scan};
+use crate::answer::{AnswerBody, Framing, Listener, Message, Scan, Scanned};
 use crate::sse;
 
 /// Per-tool deadlines, in milliseconds in config. Absent: no deadline.
@@ -79,25 +79,22 @@ impl Deadline {
 pin_project! {
     /// A streamed answer cut at the deadline: the inner body (and the limiter's places it
     /// holds) is dropped, and the calls it has not answered yet get their error as the last
-    /// event.
+    /// event. Until then the answer is scanned for the ids it answers.
     pub(crate) struct DeadlineBody<B> {
         #[pin]
-        inner: Option<B>,
+        inner: Option<AnswerBody<B, Unanswered>>,
         #[pin]
         sleep: Sleep,
-        scan: Scan,
-        pending: Unanswered,
         done: bool,
     }
 }
 
 impl<B> DeadlineBody<B> {
     pub(crate) fn new(inner: B, deadline: Instant, pending: Vec<(String, Vec<u8>)>) -> Self {
+        let scanned = Scanned::new(Scan::new(Framing::Sse), Unanswered(pending));
         DeadlineBody {
-            inner: Some(inner),
+            inner: Some(AnswerBody::new(inner, scanned)),
             sleep: tokio::time::sleep_until(deadline),
-            scan: Scan::new(Framing::Sse),
-            pending: Unanswered(pending),
             done: false,
         }
     }
@@ -132,14 +129,10 @@ where
         if *this.done {
             return Poll::Ready(None);
         }
-        if let Some(inner) = this.inner.as_mut().as_pin_mut()
-            && let Poll::Ready(frame) = inner.poll_frame(cx)
-        {
-            if let Some(Ok(f)) = &frame
-                && let Some(data) = f.data_ref()
-            {
-                this.scan.feed(data, this.pending);
-            }
+        let Some(mut inner) = this.inner.as_mut().as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        if let Poll::Ready(frame) = inner.as_mut().poll_frame(cx) {
             if frame.is_none() {
                 *this.done = true;
             }
@@ -149,13 +142,14 @@ where
             return Poll::Pending;
         }
         // The deadline passed: cancel the call and answer what is left.
+        let pending = std::mem::take(&mut inner.watch_mut().listener.0);
         this.inner.set(None);
         *this.done = true;
-        if this.pending.0.is_empty() {
+        if pending.is_empty() {
             return Poll::Ready(None);
         }
         let mut out = BytesMut::new();
-        for (_, element) in this.pending.0.drain(..) {
+        for (_, element) in pending {
             sse::write_event(&mut out, &element);
         }
         Poll::Ready(Some(Ok(Frame::data(out.freeze()))))

@@ -44,7 +44,7 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 
 use crate::fifo::future::ResponseFuture;
 
-use crate::answer::{AnswerBody, Framing, Listener, Message, Scan};
+use crate::answer::{AnswerBody, Framing, Listener, Message, Scan, Scanned};
 use crate::bounded::Bounded;
 use crate::call::{Call, Calls, Meta};
 use crate::mcp::reply;
@@ -514,7 +514,9 @@ where
                             id: call.id.as_ref().map(|i| i.as_json().to_owned()),
                             settle: Some(settle),
                         };
-                        return Ok(res.map(|b| Body::new(AnswerBody::new(b, scan, capture))));
+                        return Ok(
+                            res.map(|b| Body::new(AnswerBody::new(b, Scanned::new(scan, capture))))
+                        );
                     }
                 }
             }

@@ -95,6 +95,7 @@ pub mod stack;
 pub mod stats;
 #[cfg(feature = "test-util")]
 mod test_util;
+pub mod watched;
 
 pub use bounded::OVERFLOW;
 pub use call::{Call, CallKind, Calls, RequestId, SessionId, Tenant};

@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::answer::{AnswerBody, Framing, Listener, Message, Scan};
+use crate::answer::{AnswerBody, Framing, Listener, Message, Scan, Scanned};
 
 /// The `_meta` key of a refusal's data for tools that declare an `outputSchema`.
 pub const META_KEY: &str = "io.stormgate/rejection";
@@ -78,7 +78,7 @@ pub(crate) fn tool_list_body<B>(
     schemas: Arc<ToolSchemas>,
     framing: Framing,
 ) -> ToolListBody<B> {
-    AnswerBody::new(inner, Scan::new(framing), Learn(schemas))
+    AnswerBody::new(inner, Scanned::new(Scan::new(framing), Learn(schemas)))
 }
 
 #[cfg(test)]

@@ -6,8 +6,9 @@
 //! streaming [`json::Reader`], which keeps only what the listeners read (the id, `result` or
 //! `error` and its code, `isError` and the start of the first content text, a `tools/list`
 //! entry's name). Each message goes to a [`Listener`] as a [`Message`] the moment its closing
-//! brace passes; nothing is held back or delayed. [`AnswerBody`] is the one body wrapper: it
-//! forwards every frame unchanged and scans it on the way. The listeners are small:
+//! brace passes; nothing is held back or delayed. [`AnswerBody`] is the one body wrapper
+//! ([`Watched`]) with a scan for its watch: it forwards every frame unchanged and scans it on
+//! the way. The listeners are small:
 //!
 //! * the outcome layer's pending calls (`outcome::body`): each call's [`Outcome`] from the
 //!   message that carries its id, the others failed at the end or cancelled on drop;
@@ -46,14 +47,10 @@
 
 pub(crate) mod json;
 
-use std::pin::Pin;
-use std::task::{Context, Poll, ready};
-
 use crate::sse::{Events, SseParser};
+use crate::watched::{Watch, Watched};
 use bytes::Bytes;
 use http::{HeaderMap, header};
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
 
 /// How an answer's messages are framed, from its `Content-Type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,76 +194,35 @@ impl<L: Listener> Events for EventData<'_, L> {
     }
 }
 
-/// Whether `frame`, just polled from a body, is the body's last: its end, an error, or a
-/// frame after which the body says it has ended (`end_stream`: a sized body such as hyper's
-/// `Incoming` with a Content-Length, or a `Full`). A server stops polling a body that says it
-/// has ended, so whatever waits for the end must not wait for a `None` that never comes. The
-/// one rule of every body wrapper that settles something at the end of an answer.
-pub(crate) fn is_last<D, E>(frame: &Option<Result<Frame<D>, E>>, end_stream: bool) -> bool {
-    !matches!(frame, Some(Ok(_))) || end_stream
+/// A response body passed on unchanged, frame by frame, and scanned for `L` as it goes.
+pub(crate) type AnswerBody<B, L> = Watched<B, Scanned<L>>;
+
+/// The watch of an [`AnswerBody`]: an answer's [`Scan`] and the [`Listener`] it reads for.
+#[derive(Debug)]
+pub(crate) struct Scanned<L> {
+    scan: Scan,
+    /// The listener.
+    pub(crate) listener: L,
 }
 
-pin_project! {
-    /// A response body passed on unchanged, frame by frame, and scanned for `L` as it goes.
-    pub(crate) struct AnswerBody<B, L> {
-        #[pin]
-        inner: B,
-        scan: Scan,
-        listener: L,
-        ended: bool,
+impl<L> Scanned<L> {
+    /// Scans with `scan` for `listener`.
+    pub(crate) fn new(scan: Scan, listener: L) -> Self {
+        Scanned { scan, listener }
     }
 }
 
-impl<B, L> AnswerBody<B, L> {
-    /// Scans `inner` with `scan` for `listener`.
-    pub(crate) fn new(inner: B, scan: Scan, listener: L) -> Self {
-        AnswerBody {
-            inner,
-            scan,
-            listener,
-            ended: false,
+impl<L: Listener> Watch<Bytes> for Scanned<L> {
+    fn data(&mut self, data: &Bytes) {
+        self.scan.feed(data, &mut self.listener);
+    }
+
+    fn end(&mut self, failed: bool) {
+        if failed {
+            self.listener.end();
+        } else {
+            self.scan.finish(&mut self.listener);
         }
-    }
-}
-
-impl<B, L> Body for AnswerBody<B, L>
-where
-    B: Body<Data = Bytes>,
-    L: Listener,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let mut this = self.project();
-        let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        if !*this.ended {
-            if let Some(Ok(f)) = &frame
-                && let Some(data) = f.data_ref()
-            {
-                this.scan.feed(data, this.listener);
-            }
-            if is_last(&frame, this.inner.is_end_stream()) {
-                *this.ended = true;
-                if matches!(frame, Some(Err(_))) {
-                    this.listener.end();
-                } else {
-                    this.scan.finish(this.listener);
-                }
-            }
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -289,6 +245,7 @@ pub(crate) fn read_each(text: &[u8], each: impl FnMut(&Message<'_>)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::{Body, Frame};
     use http_body_util::{BodyExt, StreamBody};
     use proptest::prelude::*;
 
@@ -437,9 +394,11 @@ mod tests {
         let (inner, outer) = (Shared::default(), Shared::default());
         // Two layers' wrappers, one inside the other, as a stack has them.
         let wrapped = AnswerBody::new(
-            AnswerBody::new(body_of(chunks), Scan::new(Framing::Sse), inner.clone()),
-            Scan::new(Framing::Sse),
-            outer.clone(),
+            AnswerBody::new(
+                body_of(chunks),
+                Scanned::new(Scan::new(Framing::Sse), inner.clone()),
+            ),
+            Scanned::new(Scan::new(Framing::Sse), outer.clone()),
         );
         let passed = wrapped.collect().await.unwrap().to_bytes();
         assert_eq!(passed, body.as_bytes(), "unchanged");

@@ -43,7 +43,7 @@ mod outbound;
 mod retry_after;
 mod service;
 
-pub use body::LeaseBody;
+pub use body::{LeaseBody, Leases};
 pub use config::FifoConfig;
 pub use error::AcquireError;
 pub use layer::FifoLimitLayer;

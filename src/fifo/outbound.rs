@@ -12,7 +12,7 @@ use std::time::Duration;
 use http::{Method, Request, Response, StatusCode, header};
 use tower::{BoxError, Layer, Service, ServiceExt};
 
-use super::body::LeaseBody;
+use super::body::{LeaseBody, Leases};
 use super::{QueueWait, ResourceLimiter, parse_retry_after};
 use crate::deadline::Deadline;
 
@@ -190,7 +190,7 @@ where
                     .and_then(|v| parse_retry_after(v, SystemTime::now()));
                 limiter.report_upstream_rate_limit(&key, retry_after);
             }
-            let mut response = response.map(|b| LeaseBody::new(b, vec![lease]));
+            let mut response = response.map(|b| LeaseBody::new(b, Leases::new(vec![lease])));
             response.extensions_mut().insert(QueueWait(queue_wait));
             Ok(response)
         })

@@ -8,7 +8,7 @@ use axum::response::Response;
 use http::Request;
 use tower::{BoxError, Service, ServiceExt};
 
-use super::body::LeaseBody;
+use super::body::{LeaseBody, Leases};
 use super::future::ResponseFuture;
 use super::layer::LayerState;
 use super::{Acquire, DEFAULT_KEY, QueueWait};
@@ -118,7 +118,8 @@ where
                             }
                         },
                     };
-                    let mut response = response.map(|b| Body::new(LeaseBody::new(b, leases)));
+                    let mut response =
+                        response.map(|b| Body::new(LeaseBody::new(b, Leases::new(leases))));
                     if let (Some(d), Some(calls)) = (deadline, &running) {
                         let pending = deadline_answers(calls, queue_wait);
                         response = response.map(|b| Body::new(DeadlineBody::new(b, d, pending)));

@@ -10,17 +10,13 @@
 //! a deadline cut the call, the upstream gave no headers in time), it sends the
 //! notifications from one task of its own, each bounded by the request timeout.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
 use http::HeaderMap;
-use http_body::{Body as HttpBody, Frame, SizeHint};
-use pin_project_lite::pin_project;
 
 use super::proxy::Upstream;
 use crate::call::{CallKind, Calls, RequestId};
+use crate::watched::{Watch, Watched};
 
 /// The cancellation of one proxied request's calls, sent when dropped armed.
 pub(super) struct Cancel {
@@ -92,43 +88,12 @@ impl Drop for Cancel {
     }
 }
 
-pin_project! {
-    /// An upstream answer's body that disarms its [`Cancel`] when it ends.
-    pub(super) struct CancelOnDrop<B> {
-        #[pin]
-        inner: B,
-        cancel: Cancel,
-    }
-}
+/// An upstream answer's body that disarms its [`Cancel`] when it ends.
+pub(super) type CancelOnDrop<B> = Watched<B, Cancel>;
 
-impl<B> CancelOnDrop<B> {
-    pub(super) fn new(inner: B, cancel: Cancel) -> Self {
-        CancelOnDrop { inner, cancel }
-    }
-}
-
-impl<B: HttpBody<Data = Bytes>> HttpBody for CancelOnDrop<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let mut this = self.project();
-        let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        // An error too: the upstream's connection broke, nothing is left to cancel.
-        if crate::answer::is_last(&frame, this.inner.is_end_stream()) {
-            this.cancel.disarm();
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+impl<D> Watch<D> for Cancel {
+    /// An error too: the upstream's connection broke, nothing is left to cancel.
+    fn end(&mut self, _failed: bool) {
+        self.disarm();
     }
 }

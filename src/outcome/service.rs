@@ -12,7 +12,7 @@ use tower::{BoxError, Service};
 
 use super::Outcome;
 use super::body::{ObservedBody, Observers, Pending};
-use crate::answer::{Framing, Scan};
+use crate::answer::{Framing, Scan, Scanned};
 use crate::call::Unread;
 use crate::call::{Calls, SessionId};
 
@@ -135,7 +135,9 @@ where
             None
         };
         Poll::Ready(Ok(match scan {
-            Some(scan) => response.map(|b| Body::new(ObservedBody::new(b, scan, pending))),
+            Some(scan) => {
+                response.map(|b| Body::new(ObservedBody::new(b, Scanned::new(scan, pending))))
+            }
             None => response.map(Body::new),
         }))
     }
