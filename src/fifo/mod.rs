@@ -32,10 +32,12 @@
 //! # }
 //! ```
 
+mod acquire;
 mod body;
 mod config;
 mod error;
 pub mod future;
+mod key;
 mod layer;
 mod limiter;
 mod limits;
@@ -43,12 +45,13 @@ mod outbound;
 mod retry_after;
 mod service;
 
+pub use acquire::{Acquire, Lease};
 pub use body::{LeaseBody, Leases};
 pub use config::FifoConfig;
 pub use error::AcquireError;
 pub use layer::FifoLimitLayer;
 pub use limiter::{
-    Acquire, DEFAULT_COOLDOWN, DEFAULT_KEY, DEFAULT_MAX_KEYS, Lease, MAX_KEY_LEN, ResourceLimiter,
+    DEFAULT_COOLDOWN, DEFAULT_KEY, DEFAULT_MAX_KEYS, MAX_KEY_LEN, ResourceLimiter,
     ResourceLimiterBuilder,
 };
 pub use limits::{ResourceLimits, WindowLimit};
