@@ -7,6 +7,33 @@
 //! end), and the answer scan of the outcome, idempotency and tool-list listeners (each message
 //! read as it passes). Dropped before its end, a body drops its watch, which settles the cut
 //! in its own `Drop` (a lease given back, a cancellation sent, a pending call cancelled).
+//!
+//! A stage of your own can watch an answer the same way, here counting its bytes:
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http_body_util::{BodyExt, Full};
+//! use stormgate::watched::{Watch, Watched};
+//!
+//! #[derive(Default)]
+//! struct Count { bytes: usize, ended: bool }
+//!
+//! impl Watch<Bytes> for &mut Count {
+//!     fn data(&mut self, data: &Bytes) { self.bytes += data.len(); }
+//!     fn end(&mut self, failed: bool) { self.ended = !failed; }
+//! }
+//!
+//! # tokio_test_block_on(async {
+//! let mut count = Count::default();
+//! let body = Watched::new(Full::new(Bytes::from_static(b"{\"result\":{}}")), &mut count);
+//! let passed = body.collect().await.unwrap().to_bytes();
+//! assert_eq!(passed, "{\"result\":{}}");
+//! assert_eq!((count.bytes, count.ended), (13, true));
+//! # });
+//! # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+//! #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+//! # }
+//! ```
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
