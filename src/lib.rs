@@ -20,6 +20,7 @@
 //! * [`entropy`]: per-session Shannon entropy, health, storm score and session budgets.
 //! * [`fifo`]: the per-resource FIFO limiter (pacing, concurrency, bounded queue, cooldowns),
 //!   inbound per tool and outbound per host; the only stage that waits.
+//! * [`deadline`]: whole-round deadlines; its layer cuts a call still running at its own.
 //! * [`distributed`] (feature `redis`): the global and tenant budgets shared by a cluster
 //!   through leased windows in Redis.
 //! * [`outcome`]: service time and outcome of every call, learned once for every stage.
@@ -40,7 +41,7 @@
 //! library user who wants only the layers sets `default-features = false`.
 //!
 //! The order of the stack, outermost first: classify, budget, session guard, FIFO limiter,
-//! outcome, the MCP service (docs/budgets.md builds the whole stack by hand, in code).
+//! deadlines, outcome, the MCP service (docs/budgets.md builds the whole stack by hand, in code).
 //!
 //! ```
 //! use std::time::Duration;

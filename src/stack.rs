@@ -3,7 +3,7 @@
 //!
 //! [`Control::layer`](crate::control::Control::layer) builds it from one configuration; its
 //! stages, outermost first: classify, idempotency, budget, session guard, circuit breakers,
-//! FIFO limiter, outcome observation. In mode `off` with `off = "pass_through"` the stack steps
+//! FIFO limiter, deadlines, outcome observation. In mode `off` with `off = "pass_through"` the stack steps
 //! aside whole and each request goes to the MCP service untouched.
 //!
 //! ```
@@ -31,6 +31,7 @@ use crate::admit::{Admit, AdmitLayer};
 use crate::breaker::CircuitBreakers;
 use crate::budget::Budget;
 use crate::classify::{Classify, ClassifyLayer};
+use crate::deadline::{DeadlineLayer, Deadlines};
 use crate::entropy::SessionGuard;
 use crate::fifo::{FifoLimit, FifoLimitLayer};
 use crate::idempotency::{IdempotencyLayer, Idempotent};
@@ -50,7 +51,7 @@ pub struct StackLayer {
 }
 
 /// The stages of [`StackService`] around `S`, outermost first.
-pub type Protected<S> = Classify<Idempotent<Admit<FifoLimit<Observed<S>>, Admissions>>>;
+pub type Protected<S> = Classify<Idempotent<Admit<FifoLimit<Deadlines<Observed<S>>>, Admissions>>>;
 
 /// The stack's admitting stages, in order: the budget, the session guard, the circuit
 /// breakers (one stage: a call charged by all or by none).
@@ -61,7 +62,9 @@ impl<S: Clone> Layer<S> for StackLayer {
 
     fn layer(&self, inner: S) -> StackService<S> {
         let bare = inner.clone();
-        let inner = self.fifo.layer(self.outcome.layer(inner));
+        let inner = self
+            .fifo
+            .layer(DeadlineLayer::new().layer(self.outcome.layer(inner)));
         StackService {
             stages: self
                 .classify

@@ -1,5 +1,6 @@
 //! Whole-round deadlines through the example stack (in process, paused time): refused at once
-//! when the queue cannot make it, cut when running past it, and handed to the tool code.
+//! when the queue cannot make it, cut when running past it, and handed to the tool code; and
+//! the deadline layer alone.
 
 mod common;
 
@@ -15,7 +16,7 @@ use http::Request;
 use serde_json::json;
 use stormgate::classify::ClassifyLayer;
 use stormgate::control::Config;
-use stormgate::deadline::{Deadline, DeadlineConfig};
+use stormgate::deadline::{Deadline, DeadlineConfig, DeadlineLayer};
 use stormgate::fifo::ResourceLimits;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
@@ -97,4 +98,103 @@ async fn the_deadline_reaches_the_tool_code() {
         .unwrap();
     let text = common::body_bytes(res).await;
     assert_eq!(text, "Some(2s)");
+}
+
+/// The deadline layer alone, behind a classifier giving every call `deadline`.
+fn alone<S>(
+    deadline: Duration,
+    inner: S,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = http::Response<Body>,
+    Error = std::convert::Infallible,
+    Future: Send,
+> + Clone
+where
+    S: tower::Service<
+            Request<Body>,
+            Response = http::Response<Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let deadlines = {
+        let mut built = DeadlineConfig::default();
+        built.default = Some(deadline);
+        built
+    };
+    ClassifyLayer::new()
+        .deadlines(deadlines)
+        .layer(DeadlineLayer::new().layer(inner))
+}
+
+const CALL: &str = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"x"}}"#;
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_layer_alone_answers_a_call_with_no_answer_by_its_deadline() {
+    let inner = tower::service_fn(|_: Request<Body>| async {
+        std::future::pending::<()>().await;
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+    });
+    let start = Instant::now();
+    let res = alone(ms(300), inner)
+        .oneshot(common::post_body(CALL))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), ms(300), "answered at its deadline");
+    let v: serde_json::Value = serde_json::from_slice(&common::body_bytes(res).await).unwrap();
+    assert_eq!(v["id"], 7);
+    assert_eq!(v["error"]["data"]["reason"], "deadline_exceeded", "{v}");
+    assert_eq!(v["error"]["data"]["scope"], "tool");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_layer_alone_cuts_a_stream_and_ends_it_with_the_refusal() {
+    let inner = tower::service_fn(|_: Request<Body>| async {
+        let first: Result<http_body::Frame<bytes::Bytes>, std::io::Error> =
+            Ok(http_body::Frame::data(bytes::Bytes::from_static(
+                b"data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n",
+            )));
+        let stream =
+            futures::StreamExt::chain(futures::stream::iter([first]), futures::stream::pending());
+        let body = Body::new(http_body_util::StreamBody::new(stream));
+        let res = http::Response::builder()
+            .header(http::header::CONTENT_TYPE, "text/event-stream")
+            .body(body)
+            .unwrap();
+        Ok::<_, std::convert::Infallible>(res)
+    });
+    let start = Instant::now();
+    let res = alone(ms(300), inner)
+        .oneshot(common::post_body(CALL))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO, "the head passes at once");
+    let text = String::from_utf8(common::body_bytes(res).await.to_vec()).unwrap();
+    assert_eq!(start.elapsed(), ms(300), "cut at its deadline");
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 2, "{text}");
+    assert!(events[0].contains("notifications/progress"));
+    assert!(
+        events[1].contains("\"id\":7") && events[1].contains("deadline_exceeded"),
+        "{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_layer_alone_passes_a_call_answered_in_time_untouched() {
+    let inner = tower::service_fn(|_: Request<Body>| async {
+        tokio::time::sleep(ms(100)).await;
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::from(
+            r#"{"jsonrpc":"2.0","id":7,"result":{}}"#,
+        )))
+    });
+    let res = alone(ms(300), inner)
+        .oneshot(common::post_body(CALL))
+        .await
+        .unwrap();
+    let body = common::body_bytes(res).await;
+    assert_eq!(body, r#"{"jsonrpc":"2.0","id":7,"result":{}}"#);
 }

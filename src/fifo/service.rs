@@ -14,9 +14,7 @@ use super::layer::LayerState;
 use super::{Acquire, DEFAULT_KEY, QueueWait};
 use crate::call::Calls;
 use crate::charges::ChargedTo;
-use crate::deadline::DeadlineBody;
-use crate::mcp::{reply, verdict};
-use crate::rejection::{Reason, Rejection, Scope};
+use crate::mcp::verdict;
 
 /// The FIFO limiter for inbound MCP tool calls. Built by [`FifoLimitLayer`](super::FifoLimitLayer).
 pub struct FifoLimit<S> {
@@ -69,8 +67,7 @@ where
             self.shared.unread.check(&req, "FifoLimitLayer");
         }
         let acquires = self.acquires(calls);
-        let deadlines = calls.is_some_and(|c| c.iter().any(|c| c.deadline.is_some()));
-        if acquires.is_empty() && !deadlines {
+        if acquires.is_empty() {
             let clone = self.inner.clone();
             let mut inner = std::mem::replace(&mut self.inner, clone);
             return ResponseFuture::passthrough(inner.call(req));
@@ -99,31 +96,11 @@ where
             match verdict::apply(req, &rejected) {
                 verdict::Verdict::Answer(response) => Ok(response),
                 verdict::Verdict::Forward { mut request, merge } => {
-                    // Stages inside (the outcome layer) see the wait too.
+                    // Stages inside (the deadline and outcome layers) see the wait too.
                     request.extensions_mut().insert(QueueWait(queue_wait));
-                    let running = request.extensions().get::<Calls>().cloned();
-                    let deadline = running
-                        .as_ref()
-                        .and_then(|c| c.iter().filter_map(|c| c.deadline).min());
-                    let future = inner.ready().await?.call(request);
-                    let response = match deadline {
-                        None => future.await?,
-                        Some(d) => match tokio::time::timeout_at(d, future).await {
-                            Ok(response) => response?,
-                            // Past its deadline before it answered: cancelled (the future
-                            // and the places it held are dropped here) and answered.
-                            Err(_) => {
-                                let calls = running.expect("a deadline comes from a call");
-                                return Ok(past_deadline(&calls, queue_wait));
-                            }
-                        },
-                    };
+                    let response = inner.ready().await?.call(request).await?;
                     let mut response =
                         response.map(|b| Body::new(LeaseBody::new(b, Leases::new(leases))));
-                    if let (Some(d), Some(calls)) = (deadline, &running) {
-                        let pending = deadline_answers(calls, queue_wait);
-                        response = response.map(|b| Body::new(DeadlineBody::new(b, d, pending)));
-                    }
                     response.extensions_mut().insert(QueueWait(queue_wait));
                     Ok(match merge {
                         Some(m) => verdict::merge(response, m),
@@ -133,36 +110,6 @@ where
             }
         }))
     }
-}
-
-/// The refusal of a call cut at its deadline.
-fn deadline_rejection(queue_wait: Duration) -> Rejection {
-    // Nothing limits a retry: the call ran out of its own time.
-    Rejection::new(Reason::DeadlineExceeded, Scope::Tool, Duration::ZERO)
-        .with_queue_wait(queue_wait)
-}
-
-/// The answer to a request whose calls all ran past their deadline before any answer.
-fn past_deadline(calls: &Calls, queue_wait: Duration) -> Response {
-    let rejected: Vec<(usize, Rejection)> = (0..calls.len())
-        .filter(|&i| calls.calls[i].is_chargeable())
-        .map(|i| (i, deadline_rejection(queue_wait)))
-        .collect();
-    reply::rejection_response(calls, &rejected)
-}
-
-/// The error answer of each call with an id, to stream if the deadline cuts the answer.
-fn deadline_answers(calls: &Calls, queue_wait: Duration) -> Vec<(String, Vec<u8>)> {
-    calls
-        .iter()
-        .filter(|c| c.is_chargeable())
-        .filter_map(|c| {
-            let id = c.id.as_ref()?.as_json().to_owned();
-            let mut out = Vec::new();
-            reply::rejection_element(c, &deadline_rejection(queue_wait), calls, &mut out);
-            Some((id, out))
-        })
-        .collect()
 }
 
 impl<S> FifoLimit<S> {
