@@ -88,9 +88,10 @@ impl Deadline {
 }
 
 pin_project! {
-    /// A streamed answer cut at the deadline: the inner body (and the limiter's places it
-    /// holds) is dropped, and the calls it has not answered yet get their error as the last
-    /// event. Until then the answer is scanned for the ids it answers.
+    /// A streamed answer cut at the deadline: the inner body is dropped (the FIFO's places,
+    /// held by the body around this one, are freed as the cut passes), and the calls it has
+    /// not answered yet get their error as the last event. Until then the answer is scanned
+    /// for the ids it answers.
     pub(crate) struct DeadlineBody<B> {
         #[pin]
         inner: Option<AnswerBody<B, Unanswered>>,
