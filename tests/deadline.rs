@@ -17,7 +17,7 @@ use serde_json::json;
 use stormgate::classify::ClassifyLayer;
 use stormgate::control::Config;
 use stormgate::deadline::{Deadline, DeadlineConfig, DeadlineLayer};
-use stormgate::fifo::ResourceLimits;
+use stormgate::fifo::{FifoLimitLayer, ResourceLimiter, ResourceLimits};
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
@@ -172,8 +172,18 @@ async fn the_deadline_layer_alone_cuts_a_stream_and_ends_it_with_the_refusal() {
         .await
         .unwrap();
     assert_eq!(start.elapsed(), Duration::ZERO, "the head passes at once");
-    let text = String::from_utf8(common::body_bytes(res).await.to_vec()).unwrap();
+    let mut body = res.into_body();
+    let mut text = String::new();
+    while !http_body::Body::is_end_stream(&body) {
+        let Some(frame) = http_body_util::BodyExt::frame(&mut body).await else {
+            break;
+        };
+        let data = frame.unwrap().into_data().unwrap();
+        text.push_str(std::str::from_utf8(&data).unwrap());
+    }
     assert_eq!(start.elapsed(), ms(300), "cut at its deadline");
+    // It says it has ended with the cut: a server need not poll it again to learn so.
+    assert!(http_body::Body::is_end_stream(&body));
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
     assert_eq!(events.len(), 2, "{text}");
     assert!(events[0].contains("notifications/progress"));
@@ -197,4 +207,43 @@ async fn the_deadline_layer_alone_passes_a_call_answered_in_time_untouched() {
         .unwrap();
     let body = common::body_bytes(res).await;
     assert_eq!(body, r#"{"jsonrpc":"2.0","id":7,"result":{}}"#);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_cut_before_its_answer_keeps_the_refusals_the_fifo_gave_the_others() {
+    // The database's one place is taken and nothing may wait: a scan is refused at once.
+    let limits = ResourceLimits::default()
+        .max_concurrent(NonZeroUsize::MIN)
+        .max_queue_depth(0);
+    let limiter = ResourceLimiter::builder().key("db", limits).build();
+    let _held = limiter.acquire("db", None).await.unwrap();
+    let inner = tower::service_fn(|_: Request<Body>| async {
+        std::future::pending::<()>().await;
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+    });
+    let deadlines = {
+        let mut built = DeadlineConfig::default();
+        built.tools_ms.insert("read_doc".into(), 300);
+        built
+    };
+    let stack = ClassifyLayer::new().deadlines(deadlines).layer(
+        FifoLimitLayer::new(limiter.clone())
+            .tool_key("sql_scan", "db")
+            .layer(DeadlineLayer::new().layer(inner)),
+    );
+    let batch = r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sql_scan"}},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"read_doc"}}]"#;
+    let start = Instant::now();
+    let res = stack.oneshot(common::post_body(batch)).await.unwrap();
+    assert_eq!(start.elapsed(), ms(300), "answered at the read's deadline");
+    let v: serde_json::Value = serde_json::from_slice(&common::body_bytes(res).await).unwrap();
+    let answers = v
+        .as_array()
+        .unwrap_or_else(|| panic!("a batch answer: {v}"));
+    let reason = |id: u64| {
+        let found: Vec<_> = answers.iter().filter(|a| a["id"] == id).collect();
+        assert_eq!(found.len(), 1, "one answer for id {id}: {v}");
+        found[0]["error"]["data"]["reason"].clone()
+    };
+    assert_eq!(reason(1), "queue_full", "{v}");
+    assert_eq!(reason(2), "deadline_exceeded", "{v}");
 }
