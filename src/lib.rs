@@ -33,12 +33,12 @@
 //!   streaming proxy to the upstream (what the `stormgate` binary serves); [`serve`]: serving
 //!   with a bounded graceful drain on SIGTERM / SIGINT.
 //!
-//! The layers, [`control::Control`] and the configuration types need no feature. What an
-//! operator runs is behind one each, all on with the default `cli` (the binary's): `gateway`
-//! ([`gateway::Proxy`]), `tls`, `serve`, `admin` (`Control::admin_router`), `watch`
-//! (`Control::watch_file`, `reload_on_sighup`), `toml` (`Config::from_toml`, `load`, reloads
-//! from text) and `prometheus` (`metrics::prometheus_builder`); `redis` is off by default. A
-//! library user who wants only the layers sets `default-features = false`.
+//! The layers, [`control::Control`] and the configuration types need no feature, and no
+//! feature is on by default. What an operator runs is behind one each, all on in the
+//! `stormgate` binary (the workspace's `cli/` package): `gateway` ([`gateway::Proxy`]), `tls`,
+//! `serve`, `admin` (`Control::admin_router`), `watch` (`Control::watch_file`,
+//! `reload_on_sighup`), `toml` (`Config::from_toml`, `load`, reloads from text) and
+//! `prometheus` (`metrics::prometheus_builder`); `redis` shares budgets across nodes.
 //!
 //! The order of the stack, outermost first: classify, budget, session guard, FIFO limiter,
 //! deadlines, outcome, the MCP service (docs/budgets.md builds the whole stack by hand, in code).

@@ -47,7 +47,7 @@ pub const MAX_UPSTREAM_LEN: usize = 2048;
 pub struct GatewayConfig {
     /// The upstream MCP endpoint, `http://host:port/path` or `https://host:port/path` (the
     /// binary's `--upstream` or `STORMGATE_UPSTREAM` sets it too; given both ways, they must
-    /// agree). `https` needs the `tls` feature (on with `cli`, the binary's): the upstream's
+    /// agree). `https` needs the `tls` feature (on in the `stormgate` binary): the upstream's
     /// certificate is checked against the bundled Mozilla roots and [`ca_file`](Self::ca_file)
     /// for the URL's host (sent as SNI). Absent: no upstream configured.
     pub upstream: Option<String>,

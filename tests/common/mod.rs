@@ -12,6 +12,10 @@ use http_body_util::BodyExt;
 use stormgate::Calls;
 use stormgate::call::Unclassified;
 
+mod node;
+#[allow(unused_imports)]
+pub use node::{node_dir, report};
+
 /// What the inner service saw of one request.
 #[derive(Debug, Clone)]
 pub struct Seen {
@@ -213,13 +217,6 @@ impl Logs {
     }
 }
 
-/// Where .ci/run installs Node 22 and the MCP TypeScript packages (`STORMGATE_NODE_DIR`,
-/// default `target/ci-node`).
-pub fn node_dir() -> String {
-    std::env::var("STORMGATE_NODE_DIR")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/ci-node").into())
-}
-
 /// Waits (real time, for the OS's file events or signals) until `cond` holds; gives up after
 /// 5 s with a panic naming `what`.
 pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -294,28 +291,6 @@ pub async fn conformance_suite(
     let results = conformance_results(&out);
     let _ = std::fs::remove_dir_all(&out);
     results
-}
-
-/// Runs a client or server driver (`what` names it and its installer in failures), at most
-/// 120 s; the JSON report it prints.
-pub async fn report(mut command: tokio::process::Command, what: &str) -> serde_json::Value {
-    let run = command.kill_on_drop(true).output();
-    let out = tokio::time::timeout(std::time::Duration::from_secs(120), run)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within 120 s"))
-        .unwrap_or_else(|e| panic!("{what}: {e} (.ci/run installs it)"));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{what} failed ({}; .ci/run installs it):\n{stderr}",
-        out.status
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not a report ({e}): {}\n{stderr}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
 }
 
 /// Serves `router` on a free loopback port (with the peer's address, as a server sees it)
