@@ -42,7 +42,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
-use crate::fifo::future::ResponseFuture;
+use crate::response::ResponseFuture;
 
 use crate::answer::{AnswerBody, Framing, Listener, Message, Scan, Scanned};
 use crate::bounded::Bounded;
@@ -439,7 +439,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let Some(call) = listed else {
-            return ResponseFuture::passthrough(inner.call(req));
+            return ResponseFuture::inner(inner.call(req));
         };
         let (parts, body) = req.into_parts();
         let key = parts
@@ -450,11 +450,8 @@ where
         let Some(key) = key else {
             let off = self.shared.switch.of(&call).mode == Mode::Off;
             return match config.missing {
-                Missing::Reject if !off => {
-                    let res = missing_key(&call, &config);
-                    ResponseFuture::limited(Box::pin(async move { Ok(res) }))
-                }
-                Missing::Allow | Missing::Reject => ResponseFuture::passthrough(inner.call(req)),
+                Missing::Reject if !off => ResponseFuture::own(missing_key(&call, &config)),
+                Missing::Allow | Missing::Reject => ResponseFuture::inner(inner.call(req)),
             };
         };
         let shared = self.shared.clone();
@@ -473,7 +470,7 @@ where
             &shared.made_for,
             (whole, call.arguments().unwrap_or("").trim()),
         );
-        ResponseFuture::limited(Box::pin(async move {
+        ResponseFuture::waiting(Box::pin(async move {
             loop {
                 match lead_or_follow(&shared, key, arguments, &config) {
                     Role::Replay(answer) => return Ok(replay(&call, &answer)),

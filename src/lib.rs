@@ -86,6 +86,7 @@ pub mod outcome;
 mod policy;
 mod protocol;
 pub mod rejection;
+pub mod response;
 mod schemas;
 #[cfg(all(unix, feature = "serve"))]
 pub mod serve;

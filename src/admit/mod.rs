@@ -70,7 +70,6 @@
 //! let _one_stage = AdmitLayer::new((no_drops, budget.clone()));
 //! ```
 
-pub mod future;
 mod layer;
 mod service;
 mod several;

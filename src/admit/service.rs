@@ -6,12 +6,12 @@ use axum::body::Body;
 use http::Request;
 use tower::{BoxError, Service};
 
-use super::future::ResponseFuture;
 use super::layer::Admission;
 use crate::call::Calls;
 use crate::call::Unread;
 use crate::mcp::verdict::{self, Verdict};
 use crate::rejection::Rejection;
+use crate::response::ResponseFuture;
 
 /// Applies an [`Admission`] to every request call. Built by [`AdmitLayer`](super::AdmitLayer).
 pub struct Admit<S, A> {
@@ -59,7 +59,7 @@ where
 {
     type Response = axum::response::Response;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<S::Future, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -70,7 +70,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let Some(calls) = req.extensions().get::<Calls>() else {
             self.unread.check(&req, "AdmitLayer");
-            return ResponseFuture::admitted(inner.call(req), None);
+            return ResponseFuture::inner(inner.call(req));
         };
         let mut rejected: Vec<(usize, Rejection)> = Vec::new();
         for (i, call) in calls.iter().enumerate() {
@@ -87,9 +87,9 @@ where
             }
         }
         match verdict::apply(req, &rejected) {
-            Verdict::Answer(response) => ResponseFuture::rejected(response),
+            Verdict::Answer(response) => ResponseFuture::own(response),
             Verdict::Forward { request, merge } => {
-                ResponseFuture::admitted(inner.call(request), merge)
+                ResponseFuture::merged(inner.call(request), merge)
             }
         }
     }

@@ -36,7 +36,6 @@ mod acquire;
 mod body;
 mod config;
 mod error;
-pub mod future;
 mod key;
 mod layer;
 mod limiter;

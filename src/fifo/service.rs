@@ -9,12 +9,12 @@ use http::Request;
 use tower::{BoxError, Service, ServiceExt};
 
 use super::body::{LeaseBody, Leases};
-use super::future::ResponseFuture;
 use super::layer::LayerState;
 use super::{Acquire, DEFAULT_KEY, QueueWait};
 use crate::call::Calls;
 use crate::charges::ChargedTo;
 use crate::mcp::verdict;
+use crate::response::ResponseFuture;
 
 /// The FIFO limiter for inbound MCP tool calls. Built by [`FifoLimitLayer`](super::FifoLimitLayer).
 pub struct FifoLimit<S> {
@@ -70,12 +70,12 @@ where
         if acquires.is_empty() {
             let clone = self.inner.clone();
             let mut inner = std::mem::replace(&mut self.inner, clone);
-            return ResponseFuture::passthrough(inner.call(req));
+            return ResponseFuture::inner(inner.call(req));
         }
         // A call that waits takes an unreadied clone and readies it after the wait, so no
         // readiness (a reserved slot of an inner limit) is held while it queues.
         let mut inner = self.inner.clone();
-        ResponseFuture::limited(Box::pin(async move {
+        ResponseFuture::waiting(Box::pin(async move {
             let mut leases = Vec::with_capacity(acquires.len());
             let mut rejected = Vec::new();
             for (indices, acquire) in acquires {

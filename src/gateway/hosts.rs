@@ -16,16 +16,14 @@
 //! one `Host` or `Origin` is ambiguous, answered 400 whatever is listed (RFC 9112 section 3.2).
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::response::Response;
 use http::{HeaderMap, Request, StatusCode, header};
-use pin_project_lite::pin_project;
 
 use crate::error::ConfigError;
+use crate::response::ResponseFuture;
 
 /// Names `allowed_hosts` may list at most.
 pub const MAX_ALLOWED_HOSTS: usize = 32;
@@ -230,7 +228,7 @@ where
 {
     type Response = Response;
     type Error = S::Error;
-    type Future = HostCheckFuture<S::Future>;
+    type Future = ResponseFuture<S::Future, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -239,11 +237,7 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let (status, message) = match self.hosts.judge(req.uri(), req.headers()) {
             HostVerdict::Allowed => {
-                return HostCheckFuture {
-                    state: State::Inner {
-                        future: self.inner.call(req),
-                    },
-                };
+                return ResponseFuture::inner(self.inner.call(req));
             }
             HostVerdict::Ambiguous => (
                 StatusCode::BAD_REQUEST,
@@ -255,51 +249,7 @@ where
             ),
         };
         tracing::debug!(%status, "a request's Host, Origin or target is refused");
-        HostCheckFuture {
-            state: State::Refused {
-                answer: Some(crate::mcp::reply::invalid_request(status, message)),
-            },
-        }
-    }
-}
-
-pin_project! {
-    /// The future of [`HostCheck`]: the inner service's, or the refusal.
-    pub struct HostCheckFuture<F> {
-        #[pin]
-        state: State<F>,
-    }
-}
-
-pin_project! {
-    #[project = Projected]
-    enum State<F> {
-        // Passed on.
-        Inner { #[pin] future: F },
-        // Refused: the 403 answer, until taken.
-        Refused { answer: Option<Response> },
-    }
-}
-
-impl<F> fmt::Debug for HostCheckFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostCheckFuture").finish_non_exhaustive()
-    }
-}
-
-impl<F, E> Future for HostCheckFuture<F>
-where
-    F: Future<Output = Result<Response, E>>,
-{
-    type Output = Result<Response, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            Projected::Inner { future } => future.poll(cx),
-            Projected::Refused { answer } => {
-                Poll::Ready(Ok(answer.take().expect("polled after completion")))
-            }
-        }
+        ResponseFuture::own(crate::mcp::reply::invalid_request(status, message))
     }
 }
 

@@ -33,8 +33,6 @@ mod hosts;
 mod proxy;
 
 pub use config::{GatewayConfig, MAX_FORWARD_HEADERS, MAX_UPSTREAM_LEN};
-pub use hosts::{
-    HostCheck, HostCheckFuture, HostVerdict, Hosts, HostsLayer, MAX_ALLOWED_HOSTS, MAX_HOST_LEN,
-};
+pub use hosts::{HostCheck, HostVerdict, Hosts, HostsLayer, MAX_ALLOWED_HOSTS, MAX_HOST_LEN};
 #[cfg(feature = "gateway")]
 pub use proxy::{FORWARDED, Proxy, ProxyFuture, UPSTREAM_ERROR_CODE, UpstreamFailure};
