@@ -11,7 +11,6 @@
 //! event. The deadline reaches the MCP service as a [`Deadline`] request extension, so tool
 //! code can pass the remaining time on.
 
-use crate::error::ConfigError;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -31,8 +30,10 @@ use tower::{BoxError, Layer, Service};
 
 use crate::answer::{AnswerBody, Framing, Listener, Message, Scan, Scanned};
 use crate::call::{Calls, Unread};
+use crate::error::ConfigError;
+pub use crate::extensions::Deadline;
+use crate::extensions::QueueWait;
 use crate::mcp::reply;
-use crate::outcome::QueueWait;
 use crate::rejection::{Reason, Rejection, Scope};
 use crate::sse;
 
@@ -72,18 +73,6 @@ impl DeadlineConfig {
             ));
         }
         Ok(())
-    }
-}
-
-/// Request extension: when the call must be answered by. Tool code can read it (rmcp hands
-/// the request's extensions to tools) to bound what it does in turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Deadline(pub Instant);
-
-impl Deadline {
-    /// Time left.
-    pub fn remaining(&self) -> Duration {
-        self.0.saturating_duration_since(Instant::now())
     }
 }
 

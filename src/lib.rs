@@ -77,6 +77,7 @@ pub mod distributed;
 mod duration_ms;
 pub mod entropy;
 mod error;
+pub mod extensions;
 pub mod fifo;
 pub mod gateway;
 pub mod idempotency;

@@ -108,3 +108,47 @@ fn a_circle_is_found() {
     let found = circle(&edges).unwrap();
     assert_eq!(found.len(), 3, "{found:?}");
 }
+
+/// The stages: each a layer of its own in the stack.
+const STAGES: [&str; 7] = [
+    "classify",
+    "budget",
+    "entropy",
+    "breaker",
+    "fifo",
+    "deadline",
+    "idempotency",
+];
+
+/// The imports from one stage to another that are left: what stages share goes through the
+/// kits instead (`admit`'s `Admission`, `outcome`'s `Observer`, the request `extensions`, the
+/// `response` future, the `cost` table). This list may only shrink; a new sideways import
+/// fails here.
+const SIDEWAYS: [(&str, &str); 3] = [
+    // Who the client is: the session guard's accepted sessions and tokens.
+    ("budget", "entropy"),
+    ("breaker", "entropy"),
+    // The classifier computes each call's deadline from the deadline settings.
+    ("classify", "deadline"),
+];
+
+#[test]
+fn a_stage_imports_another_only_where_listed() {
+    let edges = edges(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let sideways: BTreeSet<(String, String)> = STAGES
+        .iter()
+        .flat_map(|from| {
+            edges
+                .get(*from)
+                .into_iter()
+                .flatten()
+                .filter(|to| STAGES.contains(&to.as_str()))
+                .map(move |to| ((*from).to_owned(), to.clone()))
+        })
+        .collect();
+    let listed: BTreeSet<(String, String)> = SIDEWAYS
+        .iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect();
+    assert_eq!(sideways, listed, "the imports between stages");
+}

@@ -148,7 +148,7 @@ pub(super) fn classified(mut parts: Parts, body: Bytes, shared: &Settings) -> Re
                 }
             }
             if let Some(d) = calls.single().and_then(|c| c.deadline) {
-                parts.extensions.insert(crate::deadline::Deadline(d));
+                parts.extensions.insert(crate::extensions::Deadline(d));
             }
             parts.extensions.insert(calls);
         }

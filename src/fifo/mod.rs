@@ -58,4 +58,4 @@ pub use outbound::{OutboundFuture, OutboundLimit, OutboundLimitLayer};
 pub use retry_after::{parse_retry_after, retry_after_from_error_text};
 pub use service::FifoLimit;
 
-pub use crate::outcome::QueueWait;
+pub use crate::extensions::QueueWait;

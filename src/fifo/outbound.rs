@@ -14,7 +14,7 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 
 use super::body::{LeaseBody, Leases};
 use super::{QueueWait, ResourceLimiter, parse_retry_after};
-use crate::deadline::Deadline;
+use crate::extensions::Deadline;
 
 type KeyFn = Arc<dyn Fn(&http::Uri) -> String + Send + Sync>;
 
@@ -44,7 +44,7 @@ impl OutboundLimitLayer {
 
     /// Retries a failed call once, and only when that cannot repeat a side effect (never a
     /// blind retry): a bodiless safe request (GET, HEAD, OPTIONS, TRACE) whose answer was a
-    /// 5xx or a transport error, and only while its [`Deadline`](crate::deadline::Deadline)
+    /// 5xx or a transport error, and only while its [`Deadline`](crate::extensions::Deadline)
     /// (when the request carries one) has time left. Never a 429 (the cooldown handles those),
     /// never a write. The retry keeps the call's place. Off by default.
     pub fn retry_once(mut self) -> Self {

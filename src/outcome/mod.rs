@@ -29,13 +29,9 @@ use std::time::Duration;
 pub use layer::OutcomeLayer;
 pub use service::{Observed, ResponseFuture};
 
-use crate::call::Call;
+pub use crate::extensions::QueueWait;
 
-/// Request and response extension: how long the call waited in a FIFO queue (an audit's
-/// `queueWaitMs`). The FIFO layer sets it; the outcome layer reports it in each
-/// [`Observation`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct QueueWait(pub Duration);
+use crate::call::Call;
 
 /// How a call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
