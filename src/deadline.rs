@@ -1,8 +1,8 @@
 //! Whole-round deadlines: one time budget per call that covers its queueing and its run, so a
 //! slow call never gets two budgets.
 //!
-//! A deadline per tool (or a default) starts when the classifier reads the call
-//! ([`Call::deadline`](crate::Call)). The FIFO limiter refuses at once (`deadline_exceeded`,
+//! A deadline per tool (or a default, [`DeadlineConfig`](crate::classify::DeadlineConfig),
+//! `[deadlines]`) starts when the classifier reads the call ([`Call::deadline`](crate::Call)). The FIFO limiter refuses at once (`deadline_exceeded`,
 //! scope `tool`) a call that could not be admitted before it, instead of letting it wait in
 //! vain, and refuses a waiter the moment its deadline passes: waiting is its own concern. The
 //! [`DeadlineLayer`] cuts a call still running at its deadline: its future and body are
@@ -11,7 +11,6 @@
 //! event. The deadline reaches the MCP service as a [`Deadline`] request extension, so tool
 //! code can pass the remaining time on.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -24,57 +23,16 @@ use bytes::{Bytes, BytesMut};
 use http::Request;
 use http_body::Frame;
 use pin_project_lite::pin_project;
-use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, Sleep};
 use tower::{BoxError, Layer, Service};
 
 use crate::answer::{AnswerBody, Framing, Listener, Message, Scan, Scanned};
 use crate::call::{Calls, Unread};
-use crate::error::ConfigError;
 pub use crate::extensions::Deadline;
 use crate::extensions::QueueWait;
 use crate::mcp::reply;
 use crate::rejection::{Reason, Rejection, Scope};
 use crate::sse;
-
-/// Per-tool deadlines, in milliseconds in config. Absent: no deadline.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-#[non_exhaustive]
-pub struct DeadlineConfig {
-    /// The deadline of tools not listed (`default_ms`). Absent: none.
-    #[serde(rename = "default_ms", with = "crate::duration_ms::opt")]
-    pub default: Option<Duration>,
-    /// Deadline per tool, milliseconds.
-    pub tools_ms: BTreeMap<String, u64>,
-}
-
-impl DeadlineConfig {
-    /// The deadline of one call of `tool`.
-    pub fn for_tool(&self, tool: &str) -> Option<Duration> {
-        self.tools_ms
-            .get(tool)
-            .map(|ms| Duration::from_millis(*ms))
-            .or(self.default)
-    }
-
-    /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.default.is_some_and(|d| d.is_zero()) {
-            return Err(ConfigError::new(
-                "deadlines.default_ms",
-                "must be greater than 0",
-            ));
-        }
-        if let Some((tool, _)) = self.tools_ms.iter().find(|(_, ms)| **ms == 0) {
-            return Err(ConfigError::new(
-                format!("deadlines.tools_ms.{tool}"),
-                "must be greater than 0",
-            ));
-        }
-        Ok(())
-    }
-}
 
 pin_project! {
     /// A streamed answer cut at the deadline: the inner body is dropped (the FIFO's places,

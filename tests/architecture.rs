@@ -124,12 +124,10 @@ const STAGES: [&str; 7] = [
 /// kits instead (`admit`'s `Admission`, `outcome`'s `Observer`, the request `extensions`, the
 /// `response` future, the `cost` table). This list may only shrink; a new sideways import
 /// fails here.
-const SIDEWAYS: [(&str, &str); 3] = [
+const SIDEWAYS: [(&str, &str); 2] = [
     // Who the client is: the session guard's accepted sessions and tokens.
     ("budget", "entropy"),
     ("breaker", "entropy"),
-    // The classifier computes each call's deadline from the deadline settings.
-    ("classify", "deadline"),
 ];
 
 #[test]

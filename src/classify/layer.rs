@@ -9,12 +9,12 @@ use serde::{Deserialize, Serialize};
 use tower::Layer;
 
 use super::Classify;
+use super::DeadlineConfig;
 use super::buffering::Buffering;
 use super::names::Names;
 use crate::call::Refusals;
 use crate::call::{DefaultIdentity, Identify};
 use crate::cost::Costs;
-use crate::deadline::DeadlineConfig;
 use crate::error::ConfigError;
 use crate::outcome::{Observer, Observers};
 use crate::policy::Switch;

@@ -29,12 +29,14 @@
 //! ```
 
 mod buffering;
+mod deadlines;
 mod future;
 mod gather;
 mod layer;
 mod names;
 mod service;
 
+pub use deadlines::DeadlineConfig;
 pub use future::ResponseFuture;
 pub use layer::{
     Batches, ClassifyConfig, ClassifyLayer, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT,
