@@ -70,6 +70,7 @@ pub mod budget;
 pub mod call;
 pub mod charges;
 pub mod classify;
+pub mod clients;
 pub mod control;
 pub mod cost;
 pub mod deadline;

@@ -30,7 +30,7 @@ pub use state::{Breaker, BreakerState, MIN_FAILING_CLIENTS};
 
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::Call;
-use crate::entropy::{ClientKeys, SessionGuard};
+use crate::clients::{ClientKeys, Judge};
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::policy::{Mode, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
@@ -178,8 +178,8 @@ impl CircuitBreakers {
     /// client). Without it each session id is a client. A breaker opens only on the failures
     /// of [`MIN_FAILING_CLIENTS`] clients. Set once; [`Control`](crate::control::Control)
     /// sets it.
-    pub fn following(self, sessions: SessionGuard) -> Self {
-        self.inner.clients.follow(sessions);
+    pub fn following(self, sessions: impl Judge) -> Self {
+        self.inner.clients.follow(Arc::new(sessions));
         self
     }
 

@@ -71,9 +71,9 @@ pub use shares::{DEMAND_HEADROOM, allocate};
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::{Call, Tenant};
 use crate::charges::ChargedTo;
+use crate::clients::{ClientKeys, Judge};
 use crate::cost::{CostConfig, Costs};
 use crate::distributed::{LeaseGate, SharedBudget};
-use crate::entropy::{ClientKeys, SessionGuard};
 use crate::error::ConfigError;
 use crate::metrics;
 use crate::outcome::{Observation, Observer};
@@ -150,7 +150,7 @@ pub struct BudgetBuilder {
     costs: CostConfig,
     switch: Switch,
     labels: Arc<metrics::Labels>,
-    sessions: Option<SessionGuard>,
+    sessions: Option<Arc<dyn Judge>>,
     /// The cluster's leases (set by `shared`, feature `redis`).
     leases: LeaseGate,
 }
@@ -169,8 +169,8 @@ impl BudgetBuilder {
     /// MCP server accepted is one client, and the calls on every other id of a tenant are
     /// one more (its unverified pool), so ids a client makes up weigh as one client. Without
     /// it every session id counts as a client. [`Control`](crate::control::Control) sets it.
-    pub fn sessions(mut self, sessions: SessionGuard) -> Self {
-        self.sessions = Some(sessions);
+    pub fn sessions(mut self, sessions: impl Judge) -> Self {
+        self.sessions = Some(Arc::new(sessions));
         self
     }
 

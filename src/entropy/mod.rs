@@ -58,7 +58,6 @@ mod score;
 mod shannon;
 mod window;
 
-pub(crate) use guard::ClientKeys;
 pub use guard::{
     ERRORS_ALLOWED, HINTS_CALLERS, HINTS_KEPT, HINTS_REACTION, MAX_TOOLS, SessionConfig,
     SessionGuard, SessionPermit, SessionSummary, UNVERIFIED_PREFIX,

@@ -3,14 +3,13 @@
 //! This module holds the guard itself: its table of accepted sessions and tenants' unverified
 //! pools, admission ([`Admission`] for [`SessionGuard`]), the top-N view and its API. Its
 //! settings are in `config`, one session's state in `session`, what the outcome hook teaches
-//! it in `learning`, and the client keys the other stages count by in `clients`.
+//! it in `learning`. It is the [`Judge`] of who a call's client is for the stages that count
+//! clients.
 
-mod clients;
 mod config;
 mod learning;
 mod session;
 
-pub(crate) use clients::ClientKeys;
 pub use config::{ERRORS_ALLOWED, SessionConfig};
 pub use session::{HINTS_CALLERS, HINTS_KEPT, HINTS_REACTION, UNVERIFIED_PREFIX};
 
@@ -29,6 +28,8 @@ use super::window::SessionWindow;
 use crate::admit::{Admission, AdmitLayer};
 use crate::bounded::{Bounded, OVERFLOW};
 use crate::call::{Call, SessionId, Tenant};
+use crate::clients::Judge;
+use crate::clients::sealed::Judging;
 use crate::metrics;
 use crate::outcome::Observer;
 use crate::policy::{Mode, Switch};
@@ -574,5 +575,18 @@ impl Admission for SessionGuard {
             s.tokens += cost;
             s.consumed -= cost / self.inner.config.load().window_size.as_secs_f64();
         }
+    }
+}
+
+/// The budget and the breakers count clients as the guard judges them.
+impl Judge for SessionGuard {}
+
+impl Judging for SessionGuard {
+    fn allowance(&self, call: &Call) -> (u64, f64) {
+        SessionGuard::allowance(self, call)
+    }
+
+    fn identify(&self, call: &Call) -> (u64, u64) {
+        SessionGuard::identify(self, call)
     }
 }
