@@ -774,7 +774,7 @@ async fn one_tenant_of_twelve_sessions_fares_as_twelve_tenants_of_one() {
     assert_eq!(light_refusals(false).await, 0, "tenants of their own");
 }
 
-/// One tenant, 1000 units/s, the swarm: four steady sessions (a 50-unit scan a
+/// One tenant, 1000 units/s, a swarm: four steady sessions (a 50-unit scan a
 /// second) and a complex agent mixing five tools (1, 10, 50, 1 and 100 units) at two calls a
 /// second, then from 3 s on 16 searches over 8 sessions (an orchestrator's sub-agents), each
 /// calling a 50-unit scan every 80 ms whether refused or not. The complex agent asks 65
