@@ -1,7 +1,7 @@
 """The storm demo's agents over real HTTP, with the official Python MCP SDK (`mcp`, the version
 .ci/run pins): four steady agents (one `sql_scan` a second), a complex agent (five tools
-round-robin, two calls in flight; or, COMPLEX "calm", one call in flight, two a second, the
-issue's agent), and from RUNAWAY_AT seconds a runaway (WORKERS parallel
+round-robin, two calls in flight; or, COMPLEX "calm", one call in flight, two a second), and
+from RUNAWAY_AT seconds a runaway (WORKERS parallel
 searches, a new query each, errors and timeouts retried at once, refusals after their
 `retry_after_ms`). Every call gives up after 1 s. Prints each agent's outcomes as JSON.
 
