@@ -95,8 +95,7 @@ pub mod serve;
 mod snapshot;
 mod sse;
 pub mod stack;
-#[doc(hidden)] // the latency baselines' pure cores, public for their proptests and benches
-pub mod stats;
+mod stats;
 #[cfg(feature = "test-util")]
 mod test_util;
 pub mod watched;

@@ -6,32 +6,22 @@
 use std::time::Duration;
 
 /// An EWMA of `alpha` in (0, 1]: each sample moves the average `alpha` of the way to it.
-///
-/// ```
-/// use stormgate::stats::Ewma;
-///
-/// let mut e = Ewma::new(0.5);
-/// assert_eq!(e.value(), None);
-/// e.update(10.0); // the first sample is taken as is
-/// e.update(20.0);
-/// assert_eq!(e.value(), Some(15.0));
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Ewma {
+pub(crate) struct Ewma {
     alpha: f64,
     value: Option<f64>,
 }
 
 impl Ewma {
     /// An empty average. `alpha` must be in (0, 1] (validated by the config).
-    pub fn new(alpha: f64) -> Self {
+    pub(crate) fn new(alpha: f64) -> Self {
         debug_assert!(alpha > 0.0 && alpha <= 1.0, "alpha in (0, 1]");
         Ewma { alpha, value: None }
     }
 
     /// An average that starts at `prior`, as if it had seen it already: the first sample then
     /// moves it only `alpha` of the way (one bad call is not a bad session).
-    pub fn with_prior(alpha: f64, prior: f64) -> Self {
+    pub(crate) fn with_prior(alpha: f64, prior: f64) -> Self {
         debug_assert!(alpha > 0.0 && alpha <= 1.0, "alpha in (0, 1]");
         Ewma {
             alpha,
@@ -40,7 +30,7 @@ impl Ewma {
     }
 
     /// Folds in one sample and returns the new average.
-    pub fn update(&mut self, sample: f64) -> f64 {
+    pub(crate) fn update(&mut self, sample: f64) -> f64 {
         let next = match self.value {
             None => sample,
             Some(v) => v + self.alpha * (sample - v),
@@ -50,60 +40,44 @@ impl Ewma {
     }
 
     /// The average, `None` before the first sample.
-    pub fn value(&self) -> Option<f64> {
+    pub(crate) fn value(&self) -> Option<f64> {
         self.value
-    }
-
-    /// The smoothing factor.
-    pub fn alpha(&self) -> f64 {
-        self.alpha
     }
 }
 
 /// A count of recent events: each adds to it, and it decays exponentially with a time
 /// constant, so it reads "about how many within the last time constant". Times are ns from
 /// any fixed epoch; a time before the last one counts as the last.
-///
-/// ```
-/// use stormgate::stats::Recent;
-///
-/// let mut r = Recent::default();
-/// r.add(0, 10.0, 1.0);
-/// r.add(0, 10.0, 1.0);
-/// assert_eq!(r.at(0, 10.0), 2.0);
-/// // One time constant later: 2 / e.
-/// assert!((r.at(10_000_000_000, 10.0) - 2.0 / std::f64::consts::E).abs() < 1e-12);
-/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Recent {
+pub(crate) struct Recent {
     count: f64,
     at: u64,
 }
 
 impl Recent {
     /// The count decayed to `now`, time constant `tau` seconds.
-    pub fn at(&self, now: u64, tau: f64) -> f64 {
+    pub(crate) fn at(&self, now: u64, tau: f64) -> f64 {
         let dt = now.saturating_sub(self.at) as f64 / 1e9;
         self.count * (-dt / tau.max(1e-9)).exp()
     }
 
     /// Adds `x` at `now`.
-    pub fn add(&mut self, now: u64, tau: f64, x: f64) {
+    pub(crate) fn add(&mut self, now: u64, tau: f64, x: f64) {
         self.count = self.at(now, tau) + x;
         self.at = self.at.max(now);
     }
 }
 
 /// Periods of a [`Baseline`].
-pub const BASELINE_PERIOD: Duration = Duration::from_secs(30);
+pub(crate) const BASELINE_PERIOD: Duration = Duration::from_secs(30);
 /// Samples a [`CommonBaseline`] needs before it has a value: a tool's latency is judged against
 /// its norm only once it has one (two calls of a tool whose duration its arguments choose, 2 s
 /// and then 5 s, are not a slowdown). A session's own [`Baseline`] is its norm from its first
 /// call: its calls are judged against the slower of the two.
-pub const MIN_SAMPLES: u32 = 5;
+pub(crate) const MIN_SAMPLES: u32 = 5;
 /// How many periods with samples a [`Baseline`] remembers: a change of latency becomes the
 /// new normal only once it has lasted this many periods (five minutes).
-pub const BASELINE_PERIODS: usize = 10;
+pub(crate) const BASELINE_PERIODS: usize = 10;
 
 /// One client's healthy latency of a tool, that does not creep: the **minimum of the mean
 /// service times of the last [`BASELINE_PERIODS`] periods** of [`BASELINE_PERIOD`] that had
@@ -113,31 +87,8 @@ pub const BASELINE_PERIODS: usize = 10;
 /// slowdown for five minutes; only one that lasts longer becomes the baseline. A tool
 /// called rarely keeps what it learned (periods without samples are skipped, not counted as
 /// fast or slow). Feed it only calls that were not held back (no queue wait, no failure).
-///
-/// ```
-/// use std::time::Duration;
-/// use stormgate::stats::Baseline;
-///
-/// let mut b = Baseline::default();
-/// let near = |v: Option<f64>, x: f64| (v.unwrap() - x).abs() < 1e-9;
-/// let at = |s: u64| Duration::from_secs(s);
-/// for s in 0..30 {
-///     b.record(at(s), 0.2); // a healthy first period
-/// }
-/// assert!(near(b.value(), 0.2));
-/// // A drift from 0.2 s to 0.9 s over the next four minutes does not move it.
-/// for s in 30..=270 {
-///     b.record(at(s), 0.2 + 0.7 * (s - 30) as f64 / 240.0);
-/// }
-/// assert!(near(b.value(), 0.2));
-/// // Once slow for five whole minutes, the new latency is the norm.
-/// for s in 271..=600 {
-///     b.record(at(s), 0.9);
-/// }
-/// assert!(near(b.value(), 0.9));
-/// ```
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Baseline {
+pub(crate) struct Baseline {
     /// Means of the last completed periods that had samples, oldest first.
     done: std::collections::VecDeque<f64>,
     /// The period in progress: its index, sum and count.
@@ -148,7 +99,7 @@ pub struct Baseline {
 
 impl Baseline {
     /// Folds in one healthy service time in seconds, seen at `now` (any monotonic clock).
-    pub fn record(&mut self, now: Duration, secs: f64) {
+    pub(crate) fn record(&mut self, now: Duration, secs: f64) {
         let period = (now.as_nanos() / BASELINE_PERIOD.as_nanos()) as u64;
         if period != self.period {
             if self.count > 0 {
@@ -164,14 +115,14 @@ impl Baseline {
     }
 
     /// The baseline in seconds, `None` before any sample.
-    pub fn value(&self) -> Option<f64> {
+    pub(crate) fn value(&self) -> Option<f64> {
         let current = (self.count > 0).then(|| self.sum / self.count as f64);
         self.done.iter().copied().chain(current).reduce(f64::min)
     }
 }
 
 /// Clients a [`CommonBaseline`] counts in one period at most; later ones count from the next.
-pub const PERIOD_CLIENTS: usize = 32;
+pub(crate) const PERIOD_CLIENTS: usize = 32;
 
 /// A tool's healthy latency that no single client sets: like [`Baseline`], the minimum over
 /// the last [`BASELINE_PERIODS`] periods of [`BASELINE_PERIOD`] that had samples, but each
@@ -180,25 +131,8 @@ pub const PERIOD_CLIENTS: usize = 32;
 /// hit, an empty table) counts once, and moves it only with a majority of the clients. The
 /// period in progress counts only until a first period has ended. Feed it only calls that
 /// were not held back (no queue wait, no failure).
-///
-/// ```
-/// use std::time::Duration;
-/// use stormgate::stats::CommonBaseline;
-///
-/// let mut b = CommonBaseline::default();
-/// let at = |ms: u64| Duration::from_millis(ms);
-/// for ms in (0..30_000).step_by(10) {
-///     b.record(at(ms), 1, 0.001); // one client: a 1 ms call every 10 ms
-///     if ms % 1000 == 0 {
-///         b.record(at(ms), 2, 0.2); // two others: a 200 ms call a second
-///         b.record(at(ms), 3, 0.2);
-///     }
-/// }
-/// // One vote each: the upper median of 1 ms, 200 ms and 200 ms.
-/// assert!((b.value().unwrap() - 0.2).abs() < 1e-9);
-/// ```
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct CommonBaseline {
+pub(crate) struct CommonBaseline {
     /// Values of the last completed periods that had samples, oldest first.
     done: std::collections::VecDeque<f64>,
     /// The period in progress: its index, and per client its sum and count.
@@ -212,7 +146,7 @@ pub struct CommonBaseline {
 
 impl CommonBaseline {
     /// Folds in one healthy service time in seconds of `client`, seen at `now`.
-    pub fn record(&mut self, now: Duration, client: u64, secs: f64) {
+    pub(crate) fn record(&mut self, now: Duration, client: u64, secs: f64) {
         let period = (now.as_nanos() / BASELINE_PERIOD.as_nanos()) as u64;
         if period != self.period {
             if let Some(v) = self.current.take() {
@@ -255,7 +189,7 @@ impl CommonBaseline {
     /// (slow calls included) of the period in progress's clients other than `client`, when
     /// there are at least two of them. A slowdown most clients see at once is the backend's;
     /// one client's alone is its own.
-    pub fn seen_by_others(&self, client: u64) -> Option<f64> {
+    pub(crate) fn seen_by_others(&self, client: u64) -> Option<f64> {
         let mut means = [0.0; PERIOD_CLIENTS];
         let mut n = 0;
         for c in self.clients.iter().filter(|c| c.0 != client) {
@@ -269,7 +203,7 @@ impl CommonBaseline {
     }
 
     /// The baseline in seconds, `None` before [`MIN_SAMPLES`] samples.
-    pub fn value(&self) -> Option<f64> {
+    pub(crate) fn value(&self) -> Option<f64> {
         if self.seen < MIN_SAMPLES {
             return None;
         }
@@ -370,7 +304,7 @@ impl ToolBaselines {
 
 /// Tools one client's `OwnBaselines` holds at most; past it, the tool it called longest
 /// ago is forgotten.
-pub const OWN_TOOLS: usize = 4;
+pub(crate) const OWN_TOOLS: usize = 4;
 
 /// One client's own healthy latency for each of the few tools it calls: a [`Baseline`] per
 /// tool (at most [`OWN_TOOLS`], keyed by [`ToolBaselines`]' key of the name), learned like
@@ -608,5 +542,74 @@ mod tests {
                 prop_assert_eq!(b.value(), expected);
             }
         }
+    }
+}
+
+/// The examples of this module's documentation, run.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn an_ewma_takes_its_first_sample_as_is() {
+        use crate::stats::Ewma;
+
+        let mut e = Ewma::new(0.5);
+        assert_eq!(e.value(), None);
+        e.update(10.0); // the first sample is taken as is
+        e.update(20.0);
+        assert_eq!(e.value(), Some(15.0));
+    }
+
+    #[test]
+    fn recent_weight_decays_by_e_per_time_constant() {
+        use crate::stats::Recent;
+
+        let mut r = Recent::default();
+        r.add(0, 10.0, 1.0);
+        r.add(0, 10.0, 1.0);
+        assert_eq!(r.at(0, 10.0), 2.0);
+        // One time constant later: 2 / e.
+        assert!((r.at(10_000_000_000, 10.0) - 2.0 / std::f64::consts::E).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_baseline_does_not_creep_with_a_drift() {
+        use crate::stats::Baseline;
+        use std::time::Duration;
+
+        let mut b = Baseline::default();
+        let near = |v: Option<f64>, x: f64| (v.unwrap() - x).abs() < 1e-9;
+        let at = |s: u64| Duration::from_secs(s);
+        for s in 0..30 {
+            b.record(at(s), 0.2); // a healthy first period
+        }
+        assert!(near(b.value(), 0.2));
+        // A drift from 0.2 s to 0.9 s over the next four minutes does not move it.
+        for s in 30..=270 {
+            b.record(at(s), 0.2 + 0.7 * (s - 30) as f64 / 240.0);
+        }
+        assert!(near(b.value(), 0.2));
+        // Once slow for five whole minutes, the new latency is the norm.
+        for s in 271..=600 {
+            b.record(at(s), 0.9);
+        }
+        assert!(near(b.value(), 0.9));
+    }
+
+    #[test]
+    fn a_common_baseline_is_one_vote_per_client() {
+        use crate::stats::CommonBaseline;
+        use std::time::Duration;
+
+        let mut b = CommonBaseline::default();
+        let at = |ms: u64| Duration::from_millis(ms);
+        for ms in (0..30_000).step_by(10) {
+            b.record(at(ms), 1, 0.001); // one client: a 1 ms call every 10 ms
+            if ms % 1000 == 0 {
+                b.record(at(ms), 2, 0.2); // two others: a 200 ms call a second
+                b.record(at(ms), 3, 0.2);
+            }
+        }
+        // One vote each: the upper median of 1 ms, 200 ms and 200 ms.
+        assert!((b.value().unwrap() - 0.2).abs() < 1e-9);
     }
 }

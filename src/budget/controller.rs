@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::Ewma;
+use crate::stats::Ewma;
 
 /// Settings of the adaptive global budget. Budgets are in cost units per second (a call of
 /// weight 50 costs 50 units).
@@ -59,7 +59,7 @@ pub struct BudgetConfig {
     #[serde(rename = "target_p99_ms", with = "crate::duration_ms::opt")]
     pub target_p99: Option<Duration>,
     /// Without `target_p99`, a call is slow above this multiple of its tool's healthy latency
-    /// ([`Baseline`](crate::stats::Baseline)). Default 2.0 (stormgate's choice).
+    /// (`Baseline`). Default 2.0 (stormgate's choice).
     pub latency_tolerance: f64,
     /// Without `target_p99`, a call at most this much over its tool's healthy latency is never
     /// slow, whatever the ratio (`latency_floor_ms`): a millisecond of scheduling noise on a

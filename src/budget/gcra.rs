@@ -11,11 +11,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// How much of its rate a bucket lets a caller under its fair share spend ahead.
-pub const RESERVE: Duration = Duration::from_secs(1);
+pub(crate) const RESERVE: Duration = Duration::from_secs(1);
 
 /// The GCRA decision for integer nanoseconds: `Ok(new_tat)` or `Err(wait_ns)`, the time until
 /// the same call would be admitted.
-pub fn gcra_check(tat: u64, now: u64, cost: u64, interval: u64, burst: u64) -> Result<u64, u64> {
+pub(crate) fn gcra_check(
+    tat: u64,
+    now: u64,
+    cost: u64,
+    interval: u64,
+    burst: u64,
+) -> Result<u64, u64> {
     let start = tat.max(now);
     let new_tat = start.saturating_add(cost.saturating_mul(interval));
     let allowed = now.saturating_add(burst.saturating_mul(interval));
@@ -27,12 +33,12 @@ pub fn gcra_check(tat: u64, now: u64, cost: u64, interval: u64, burst: u64) -> R
 }
 
 /// How far past its own wait [`Gcra::spread`] may put a refused caller's slot, at least.
-pub const SPREAD_MIN: u64 = 1_000_000_000;
+pub(crate) const SPREAD_MIN: u64 = 1_000_000_000;
 
 /// A GCRA bucket whose rate can change while it runs. Times are nanoseconds on a clock the
 /// caller owns (stormgate uses nanoseconds since the budget was built).
 #[derive(Debug)]
-pub struct Gcra {
+pub(crate) struct Gcra {
     tat: AtomicU64,
     interval: AtomicU64,
     burst: AtomicU64,
@@ -42,7 +48,7 @@ pub struct Gcra {
 
 impl Gcra {
     /// A full bucket refilling one unit per `interval_ns`, holding `burst` units.
-    pub fn new(interval_ns: u64, burst: u64) -> Self {
+    pub(crate) fn new(interval_ns: u64, burst: u64) -> Self {
         Gcra {
             tat: AtomicU64::new(0),
             interval: AtomicU64::new(interval_ns.max(1)),
@@ -52,7 +58,7 @@ impl Gcra {
     }
 
     /// An empty bucket at `now`: it holds nothing until it has refilled.
-    pub fn empty(now: u64, interval_ns: u64, burst: u64) -> Self {
+    pub(crate) fn empty(now: u64, interval_ns: u64, burst: u64) -> Self {
         let g = Gcra::new(interval_ns, burst);
         let full = g.burst.load(Ordering::Relaxed) * g.interval.load(Ordering::Relaxed);
         g.tat.store(now.saturating_add(full), Ordering::Relaxed);
@@ -60,7 +66,7 @@ impl Gcra {
     }
 
     /// Takes `cost` units at `now`, or returns the nanoseconds until it could.
-    pub fn try_take(&self, now: u64, cost: u64) -> Result<(), u64> {
+    pub(crate) fn try_take(&self, now: u64, cost: u64) -> Result<(), u64> {
         self.take_within(now, cost, 0)
     }
 
@@ -68,7 +74,7 @@ impl Gcra {
     /// [`RESERVE`] of the bucket's rate ahead (the bucket's level down to minus that), so the
     /// refusals of a contended bucket fall on those above their share. What it spends ahead,
     /// the others wait for.
-    pub fn try_take_reserved(&self, now: u64, cost: u64) -> Result<(), u64> {
+    pub(crate) fn try_take_reserved(&self, now: u64, cost: u64) -> Result<(), u64> {
         self.take_within(
             now,
             cost,
@@ -98,7 +104,7 @@ impl Gcra {
     /// it, and at most one full bucket's refill (or [`SPREAD_MIN`], if more) past its own. Callers refused together are told
     /// waits spread over the refill, so when each comes back its units are there, instead of
     /// all coming back at once to be refused again.
-    pub fn spread(&self, now: u64, cost: u64, wait: u64) -> u64 {
+    pub(crate) fn spread(&self, now: u64, cost: u64, wait: u64) -> u64 {
         let interval = self.interval.load(Ordering::Relaxed);
         let own = now.saturating_add(wait);
         let step = cost.saturating_mul(interval);
@@ -119,7 +125,7 @@ impl Gcra {
 
     /// Takes `cost` units even if the bucket is empty (a guaranteed minimum spent through the
     /// shared bucket), so the shared bucket still accounts for it.
-    pub fn force_take(&self, now: u64, cost: u64) {
+    pub(crate) fn force_take(&self, now: u64, cost: u64) {
         let add = cost.saturating_mul(self.interval.load(Ordering::Relaxed));
         let _ = self
             .tat
@@ -129,7 +135,7 @@ impl Gcra {
     }
 
     /// Gives `cost` units back (a call refused by a later stage did no work).
-    pub fn refund(&self, now: u64, cost: u64) {
+    pub(crate) fn refund(&self, now: u64, cost: u64) {
         let sub = cost.saturating_mul(self.interval.load(Ordering::Relaxed));
         let _ = self
             .tat
@@ -139,7 +145,7 @@ impl Gcra {
     }
 
     /// Changes the refill interval, keeping the debt in units: what was owed stays owed.
-    pub fn set_interval(&self, now: u64, interval_ns: u64) {
+    pub(crate) fn set_interval(&self, now: u64, interval_ns: u64) {
         let interval_ns = interval_ns.max(1);
         let old = self.interval.swap(interval_ns, Ordering::AcqRel);
         if old == interval_ns {
@@ -155,17 +161,13 @@ impl Gcra {
     }
 
     /// Changes the bucket size.
-    pub fn set_burst(&self, burst: u64) {
+    pub(crate) fn set_burst(&self, burst: u64) {
         self.burst.store(burst.max(1), Ordering::Relaxed);
     }
 
-    /// The refill interval in nanoseconds per unit.
-    pub fn interval(&self) -> u64 {
-        self.interval.load(Ordering::Relaxed)
-    }
-
-    /// Units that could be taken at `now`.
-    pub fn available(&self, now: u64) -> u64 {
+    /// Units that could be taken at `now` (the tests' view of the bucket).
+    #[cfg(test)]
+    pub(crate) fn available(&self, now: u64) -> u64 {
         let interval = self.interval.load(Ordering::Relaxed);
         let burst = self.burst.load(Ordering::Relaxed);
         let debt = self.tat.load(Ordering::Acquire).saturating_sub(now);
@@ -174,7 +176,7 @@ impl Gcra {
 }
 
 /// The refill interval, in nanoseconds per unit, of a rate in units per second.
-pub fn interval_for_rate(rate_per_sec: f64) -> u64 {
+pub(crate) fn interval_for_rate(rate_per_sec: f64) -> u64 {
     if rate_per_sec <= 0.0 || !rate_per_sec.is_finite() {
         return u64::MAX / 4;
     }

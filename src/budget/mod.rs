@@ -3,13 +3,13 @@
 //! [`Budget`] is one shared state with three faces:
 //!
 //! * an [`Admission`]: each tool, resource or prompt call is charged its weight ([`Call::cost`]) against a
-//!   weighted-cost token bucket ([`Gcra`], lock-free) whose rate is the current budget, and
+//!   weighted-cost token bucket (`Gcra`, lock-free) whose rate is the current budget, and
 //!   against its tenant's share; a call refused by a later stage gets its charge back;
 //! * an [`Observer`]: every finished call's service time and outcome feed the tick's sample;
 //! * a ticker: every `sample_interval` the [`Controller`] smooths the tick (EWMA), moves the
 //!   budget (multiplicative decrease when unhealthy, additive steps after `recover_after`
 //!   healthy ticks), re-rates the bucket live, refreshes learned tool weights and re-splits
-//!   the budget among active tenants ([`allocate`]).
+//!   the budget among active tenants (`allocate`).
 //!
 //! Tenants: each active tenant's share is its weighted max-min fair part of the budget (a
 //! tenant that asks for less than its share keeps what it asks for, the rest is lent to the
@@ -19,7 +19,7 @@
 //!
 //! The budget is a facade over parts chained in this order, each ticked in turn by the
 //! ticker ([`Budget::spawn_ticker`]): the global budget with its controller (`global.rs`), the
-//! tenants' shares (`tenants.rs`, split by [`allocate`] in `shares.rs`), fixed mode's limits
+//! tenants' shares (`tenants.rs`, split by `allocate` in `shares.rs`), fixed mode's limits
 //! (`fixed.rs`) and the cluster's leases (a gate of [`distributed`](crate::distributed)'s). A
 //! call's charges to them are one list (`taking.rs`), taken in order and given back together.
 //!
@@ -57,16 +57,10 @@ use tokio::time::Instant;
 
 pub use controller::{BudgetConfig, Health};
 pub use shares::TenantConfig;
-// The pure cores below are public for the crate's proptests, benches and demo, not an API
-// a service builds on: hidden from the docs.
-#[doc(hidden)]
-pub use crate::stats::Ewma;
+// The controller's pure core, public for tests/budget.rs's scenarios, not an API a service
+// builds on: hidden from the docs.
 #[doc(hidden)]
 pub use controller::{Controller, TickStats};
-#[doc(hidden)]
-pub use gcra::{Gcra, RESERVE, SPREAD_MIN, gcra_check, interval_for_rate};
-#[doc(hidden)]
-pub use shares::{DEMAND_HEADROOM, allocate};
 
 use crate::admit::{Admission, AdmitLayer};
 use crate::call::{Call, Tenant};

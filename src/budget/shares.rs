@@ -81,23 +81,14 @@ impl TenantConfig {
 
 /// Headroom over a tenant's measured demand in its allocation, so a light tenant whose demand
 /// is rising is not throttled by its own lagging estimate.
-pub const DEMAND_HEADROOM: f64 = 1.5;
+pub(crate) const DEMAND_HEADROOM: f64 = 1.5;
 
 /// Splits `budget` among tenants by weighted max-min fairness (water-filling): a tenant that
 /// wants less than its weighted share gets what it wants (with [`DEMAND_HEADROOM`]), and what
 /// it leaves is split among the others by weight, so one tenant alone may use everything.
 /// When every tenant has what it wants, the rest is split among all by weight: the whole
 /// budget is always allocated. Returns each tenant's allocation, in input order.
-///
-/// ```
-/// use stormgate::budget::allocate;
-///
-/// // One hog and three light tenants (demand 10 each) share 1000: each light tenant gets its
-/// // demand with headroom, the hog the rest.
-/// let a = allocate(1000.0, &[(1.0, 5000.0), (1.0, 10.0), (1.0, 10.0), (1.0, 10.0)]);
-/// assert_eq!(a, vec![955.0, 15.0, 15.0, 15.0]);
-/// ```
-pub fn allocate(budget: f64, tenants: &[(f64, f64)]) -> Vec<f64> {
+pub(crate) fn allocate(budget: f64, tenants: &[(f64, f64)]) -> Vec<f64> {
     let mut alloc = vec![0.0; tenants.len()];
     let mut open: Vec<usize> = (0..tenants.len()).collect();
     let mut remaining = budget.max(0.0);
@@ -173,5 +164,22 @@ mod tests {
                 prop_assert!(a[i] + 1e-6 >= demand.min(share), "{i}: {} < min({demand}, {share})", a[i]);
             }
         }
+    }
+}
+
+/// The examples of this module's documentation, run.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn the_hog_gets_what_the_light_tenants_leave() {
+        use crate::budget::shares::allocate;
+
+        // One hog and three light tenants (demand 10 each) share 1000: each light tenant gets its
+        // demand with headroom, the hog the rest.
+        let a = allocate(
+            1000.0,
+            &[(1.0, 5000.0), (1.0, 10.0), (1.0, 10.0), (1.0, 10.0)],
+        );
+        assert_eq!(a, vec![955.0, 15.0, 15.0, 15.0]);
     }
 }

@@ -250,7 +250,7 @@ impl Drop for Taking<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::interval_for_rate;
+    use crate::budget::gcra::interval_for_rate;
 
     /// A full bucket of 1 unit/s holding `burst`.
     fn bucket(burst: u64) -> Gcra {

@@ -260,7 +260,8 @@ impl Tenants {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::{BudgetConfig, DEMAND_HEADROOM, TenantConfig};
+    use crate::budget::shares::DEMAND_HEADROOM;
+    use crate::budget::{BudgetConfig, TenantConfig};
     use crate::cost::CostConfig;
     use proptest::prelude::*;
 

@@ -26,7 +26,7 @@ const TAG: u64 = (1 << 22) - 1;
 const VALID: u64 = 1 << 63;
 
 /// Headroom of a lease over the demand it is sized from.
-pub const LEASE_HEADROOM: f64 = 1.5;
+pub(crate) const LEASE_HEADROOM: f64 = 1.5;
 
 fn pack(window: u64, exhausted: bool, remaining: u64) -> u64 {
     VALID
@@ -44,7 +44,7 @@ fn holds(slot: u64, window: u64) -> bool {
 /// script runs after the request is sent): the node's idea of a window's end is never later
 /// than Redis's, so a lease is never spent after its window.
 #[derive(Debug)]
-pub struct WindowClock {
+pub(crate) struct WindowClock {
     window_us: u64,
     /// `redis_us - local_us`, or `i64::MIN` before the first answer.
     offset_us: AtomicI64,
@@ -52,7 +52,7 @@ pub struct WindowClock {
 
 impl WindowClock {
     /// A clock for windows of `window` (at least 1 µs).
-    pub fn new(window: Duration) -> Self {
+    pub(crate) fn new(window: Duration) -> Self {
         WindowClock {
             window_us: u64::try_from(window.as_micros()).unwrap_or(u64::MAX).max(1),
             offset_us: AtomicI64::new(i64::MIN),
@@ -60,13 +60,13 @@ impl WindowClock {
     }
 
     /// The window length in microseconds.
-    pub fn window_us(&self) -> u64 {
+    pub(crate) fn window_us(&self) -> u64 {
         self.window_us
     }
 
     /// Learns the offset from one answer: the request was sent at local `sent_us` and Redis
     /// read its clock as `redis_us`.
-    pub fn observe(&self, sent_us: u64, redis_us: u64) {
+    pub(crate) fn observe(&self, sent_us: u64, redis_us: u64) {
         let offset = i64::try_from(redis_us)
             .unwrap_or(i64::MAX)
             .saturating_sub(i64::try_from(sent_us).unwrap_or(i64::MAX));
@@ -74,7 +74,7 @@ impl WindowClock {
     }
 
     /// The window index at local time `now_us`, `None` before the first answer.
-    pub fn index(&self, now_us: u64) -> Option<u64> {
+    pub(crate) fn index(&self, now_us: u64) -> Option<u64> {
         let offset = self.offset_us.load(Ordering::Acquire);
         if offset == i64::MIN {
             return None;
@@ -84,7 +84,7 @@ impl WindowClock {
     }
 
     /// Local microseconds from `now_us` until window `index` ends (0 if it has).
-    pub fn until_end(&self, index: u64, now_us: u64) -> u64 {
+    pub(crate) fn until_end(&self, index: u64, now_us: u64) -> u64 {
         let offset = self.offset_us.load(Ordering::Acquire);
         let end = i128::from(index + 1) * i128::from(self.window_us) - i128::from(offset);
         u64::try_from((end - i128::from(now_us)).max(0)).unwrap_or(u64::MAX)
@@ -93,7 +93,7 @@ impl WindowClock {
 
 /// The outcome of [`Lease::spend`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Spend {
+pub(crate) enum Spend {
     /// Paid from the window's lease.
     Leased,
     /// No lease was asked for this window yet: this first call is admitted on credit, which
@@ -109,7 +109,7 @@ pub enum Spend {
 
 /// Which window a lease request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
+pub(crate) enum Target {
     /// The window now running (a cold start or a refill below the low watermark).
     Current,
     /// The next window (prefetched near the end of this one).
@@ -119,7 +119,7 @@ pub enum Target {
 /// One scope's lease on one node (the global budget, or one tenant): the two window slots,
 /// the single request in flight, the demand since the last request and the credit taken.
 #[derive(Debug, Default)]
-pub struct Lease {
+pub(crate) struct Lease {
     slots: [AtomicU64; 2],
     asking: AtomicBool,
     demand: AtomicU64,
@@ -129,7 +129,7 @@ pub struct Lease {
 
 impl Lease {
     /// An empty lease.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Lease::default()
     }
 
@@ -138,7 +138,7 @@ impl Lease {
     }
 
     /// Spends `cost` units of window `window`'s lease. Lock-free; never waits.
-    pub fn spend(&self, window: u64, cost: u64) -> Spend {
+    pub(crate) fn spend(&self, window: u64, cost: u64) -> Spend {
         self.demand.fetch_add(cost, Ordering::Relaxed);
         let slot = self.slot(window);
         let mut s = slot.load(Ordering::Acquire);
@@ -166,7 +166,7 @@ impl Lease {
 
     /// Adds `units` granted for window `window`; `exhausted` marks it spent cluster-wide. A
     /// slot holding an older window is replaced (that lease has expired).
-    pub fn grant(&self, window: u64, units: u64, exhausted: bool) {
+    pub(crate) fn grant(&self, window: u64, units: u64, exhausted: bool) {
         let slot = self.slot(window);
         let _ = slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
             let (flag, have) = if holds(s, window) {
@@ -181,7 +181,7 @@ impl Lease {
 
     /// Gives back `units` spent from window `window` (a later stage refused the call); lost if
     /// that window has ended.
-    pub fn refund(&self, window: u64, units: u64) {
+    pub(crate) fn refund(&self, window: u64, units: u64) {
         let slot = self.slot(window);
         let _ = slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
             holds(s, window).then(|| pack(window, s & EXHAUSTED != 0, (s & REMAINING) + units))
@@ -190,7 +190,7 @@ impl Lease {
 
     /// Units left in window `window`'s lease, and whether it is exhausted; `None` if nothing
     /// was granted or asked for that window.
-    pub fn remaining(&self, window: u64) -> Option<(u64, bool)> {
+    pub(crate) fn remaining(&self, window: u64) -> Option<(u64, bool)> {
         let s = self.slot(window).load(Ordering::Acquire);
         holds(s, window).then_some((s & REMAINING, s & EXHAUSTED != 0))
     }
@@ -199,7 +199,7 @@ impl Lease {
     /// window `window` and the prefetch `margin`: near the end, the next window once; before
     /// that, the current window when it is cold or below the low watermark (a quarter of the
     /// last grant) and not exhausted.
-    pub fn wants(&self, window: u64, until_end: u64, margin: u64) -> Option<Target> {
+    pub(crate) fn wants(&self, window: u64, until_end: u64, margin: u64) -> Option<Target> {
         if until_end <= margin {
             return self.remaining(window + 1).is_none().then_some(Target::Next);
         }
@@ -216,7 +216,7 @@ impl Lease {
     /// Whether a request for `target` sent anyway (for another scope) should ask for this
     /// scope too: the next window is not held yet, or this window's lease is cold, or below
     /// half of the last grant and not exhausted.
-    pub fn could_use(&self, window: u64, target: Target) -> bool {
+    pub(crate) fn could_use(&self, window: u64, target: Target) -> bool {
         match target {
             Target::Next => self.remaining(window + 1).is_none(),
             Target::Current => match self.remaining(window) {
@@ -229,27 +229,27 @@ impl Lease {
 
     /// Counts `cost` units of demand without spending (a call refused before this lease was
     /// tried still tells how much this scope is asked for).
-    pub fn note_demand(&self, cost: u64) {
+    pub(crate) fn note_demand(&self, cost: u64) {
         self.demand.fetch_add(cost, Ordering::Relaxed);
     }
 
     /// Claims the right to send this scope's one request in flight; `false` if one is.
-    pub fn begin_request(&self) -> bool {
+    pub(crate) fn begin_request(&self) -> bool {
         !self.asking.swap(true, Ordering::AcqRel)
     }
 
     /// Releases it.
-    pub fn end_request(&self) {
+    pub(crate) fn end_request(&self) {
         self.asking.store(false, Ordering::Release);
     }
 
     /// Units asked for (admitted or not) since the last call.
-    pub fn take_demand(&self) -> u64 {
+    pub(crate) fn take_demand(&self) -> u64 {
         self.demand.swap(0, Ordering::Relaxed)
     }
 
     /// Units admitted on credit since the last call, to claim with the next request.
-    pub fn take_debt(&self) -> u64 {
+    pub(crate) fn take_debt(&self) -> u64 {
         self.debt.swap(0, Ordering::Relaxed)
     }
 }
@@ -257,7 +257,7 @@ impl Lease {
 /// Sizes lease requests from recent demand: an EWMA of the demand rate times the span asked
 /// for, with [`LEASE_HEADROOM`].
 #[derive(Debug, Clone)]
-pub struct Sizer {
+pub(crate) struct Sizer {
     rate: Ewma,
     last_us: Option<u64>,
 }
@@ -274,7 +274,7 @@ impl Default for Sizer {
 impl Sizer {
     /// Folds in `demand` units asked since the last request (at `now_us`) and returns the
     /// units to ask for to cover `span_us`: at least `floor`.
-    pub fn size(&mut self, demand: u64, now_us: u64, span_us: u64, floor: u64) -> u64 {
+    pub(crate) fn size(&mut self, demand: u64, now_us: u64, span_us: u64, floor: u64) -> u64 {
         if let Some(last) = self.last_us {
             let elapsed = now_us.saturating_sub(last).max(1_000) as f64 / 1e6;
             self.rate.update(demand as f64 / elapsed);

@@ -75,8 +75,8 @@
 
 mod config;
 mod gate;
-#[doc(hidden)] // the lease accounting's pure core, public for its proptests and bench
-pub mod lease;
+#[cfg(feature = "redis")]
+mod lease;
 #[cfg(feature = "redis")]
 mod shared;
 #[cfg(feature = "redis")]

@@ -7,7 +7,7 @@
 //! * a sliding window (`window_size`, 10 s, bucketed) of calls per resource key (the tool and,
 //!   by default, a short hash of its canonical arguments, so the same search with ever-new
 //!   queries looks diverse), and its Shannon entropy, kept in O(1) per call and per expiry
-//!   ([`Shannon`]);
+//!   (`Shannon`);
 //! * its health from the outcome hook: smoothed error rate, and service time relative to each
 //!   tool's healthy service time; the error rate counts only at volume (nothing for up to
 //!   [`ERRORS_ALLOWED`] failures within about a window, in full from twice that), so a few
@@ -20,9 +20,9 @@
 //!   each wait their own hint never has more waits ahead than callers; refusals given each
 //!   within [`HINTS_REACTION`] of the one before went to one burst and do not count), and the
 //!   share of its calls refused;
-//! * a storm score ([`storm_score`]): `distress x (1 + diversity + refused share)`, where
+//! * a storm score (`storm_score`): `distress x (1 + diversity + refused share)`, where
 //!   distress is how far errors, latency and ignored hints are past their tolerances
-//!   ([`HINTS_IGNORED_ALLOWED`] for the hints) and diversity is the entropy above 1 bit plus
+//!   (`HINTS_IGNORED_ALLOWED` for the hints) and diversity is the entropy above 1 bit plus
 //!   its rise over the session's own healthy baseline;
 //! * a budget: `base_budget` cost units per second times `exp(-entropy_coefficient x score)`
 //!   (at least `min_factor`), cut at once when the score rises, regained by `recover_step` per
@@ -63,13 +63,3 @@ pub use guard::{
     SessionGuard, SessionPermit, SessionSummary, UNVERIFIED_PREFIX,
 };
 pub use key::MAX_HASHED_ARGS;
-// The pure cores below are public for the crate's proptests, benches and demo, not an API
-// a service builds on: hidden from the docs.
-#[doc(hidden)]
-pub use score::{
-    HINTS_IGNORED_ALLOWED, Signals, Tolerances, budget_factor, distress, diversity, storm_score,
-};
-#[doc(hidden)]
-pub use shannon::Shannon;
-#[doc(hidden)]
-pub use window::SessionWindow;

@@ -3,7 +3,7 @@
 
 /// What the score is computed from.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Signals {
+pub(crate) struct Signals {
     /// Entropy of the session's window, bits.
     pub entropy: f64,
     /// The session's own entropy learned while it was healthy, bits (`None` before any).
@@ -22,7 +22,7 @@ pub struct Signals {
 
 /// Tolerances of the score: within all three, a session is healthy whatever its entropy.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Tolerances {
+pub(crate) struct Tolerances {
     /// Error rate a healthy session may have. Default 0.05.
     pub error_rate: f64,
     /// Latency ratio a healthy session may have. Default 1.5.
@@ -38,7 +38,7 @@ pub struct Tolerances {
 /// its way when the first were refused (a call counts only once as many waits as the client
 /// has shown callers are all ahead). A client retrying its refusals at once every 20 ms passes
 /// it in under half a second.
-pub const HINTS_IGNORED_ALLOWED: f64 = 16.0;
+pub(crate) const HINTS_IGNORED_ALLOWED: f64 = 16.0;
 
 impl Default for Tolerances {
     fn default() -> Self {
@@ -52,7 +52,7 @@ impl Default for Tolerances {
 
 /// How far past its tolerances the session is: 0 while healthy, 1 at twice a tolerance, the
 /// three summed: errors, latency, and calls that ignored a refusal's wait.
-pub fn distress(s: &Signals, t: &Tolerances) -> f64 {
+pub(crate) fn distress(s: &Signals, t: &Tolerances) -> f64 {
     let past = |value: f64, tolerance: f64| ((value - tolerance) / tolerance).max(0.0);
     past(s.error_rate, t.error_rate)
         + past(s.latency_ratio, t.latency_ratio)
@@ -61,7 +61,7 @@ pub fn distress(s: &Signals, t: &Tolerances) -> f64 {
 
 /// How diverse the session's calls are, absolute and against its own healthy baseline:
 /// `max(0, H - 1) + max(0, H - H_baseline)`, in bits.
-pub fn diversity(s: &Signals) -> f64 {
+pub(crate) fn diversity(s: &Signals) -> f64 {
     let rise = s.entropy_baseline.map_or(0.0, |b| (s.entropy - b).max(0.0));
     (s.entropy - 1.0).max(0.0) + rise
 }
@@ -78,30 +78,12 @@ pub fn diversity(s: &Signals) -> f64 {
 /// * A low-entropy loop of the same failing call is not spared: its distress alone scores.
 ///
 /// A typical storm (entropy 0.8 -> 4.5 bits, success 97% -> 62%, p99 200 ms -> 1.8 s):
-///
-/// ```
-/// use stormgate::entropy::{Signals, Tolerances, storm_score};
-///
-/// let storm = Signals { entropy: 4.5, entropy_baseline: Some(0.8), error_rate: 0.38, latency_ratio: 9.0, ..Default::default() };
-/// let score = storm_score(&storm, &Tolerances::default());
-/// // distress (0.38 - 0.05) / 0.05 + (9 - 1.5) / 1.5 = 11.6; diversity 3.5 + 3.7 = 7.2
-/// assert!((score - 11.6 * 8.2).abs() < 1e-9);
-///
-/// let complex = Signals { entropy: 4.5, entropy_baseline: Some(0.8), error_rate: 0.0, latency_ratio: 1.0, ..Default::default() };
-/// assert_eq!(storm_score(&complex, &Tolerances::default()), 0.0);
-///
-/// // A swarm member retrying its refusals at once: 48 calls within a window while told to
-/// // wait, 90% of its calls refused, healthy otherwise (its admitted calls were fine).
-/// let swarm = Signals { ignored_hints: 48.0, refused_share: 0.9, latency_ratio: 1.0, ..complex };
-/// // distress (48 - 16) / 16 = 2; x (1 + 7.2 + 0.9)
-/// assert!((storm_score(&swarm, &Tolerances::default()) - 2.0 * 9.1).abs() < 1e-9);
-/// ```
-pub fn storm_score(s: &Signals, t: &Tolerances) -> f64 {
+pub(crate) fn storm_score(s: &Signals, t: &Tolerances) -> f64 {
     distress(s, t) * (1.0 + diversity(s) + s.refused_share.clamp(0.0, 1.0))
 }
 
 /// The budget factor a score calls for: `exp(-coefficient x score)`, at least `min_factor`.
-pub fn budget_factor(score: f64, coefficient: f64, min_factor: f64) -> f64 {
+pub(crate) fn budget_factor(score: f64, coefficient: f64, min_factor: f64) -> f64 {
     (-coefficient * score).exp().max(min_factor).min(1.0)
 }
 
@@ -149,5 +131,45 @@ mod tests {
             let f = budget_factor(storm_score(&s, &t), 0.2, 0.05);
             prop_assert!((0.05..=1.0).contains(&f));
         }
+    }
+}
+
+/// The examples of this module's documentation, run.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn storm_swarm_and_complex_work_score_as_documented() {
+        use crate::entropy::score::{Signals, Tolerances, storm_score};
+
+        let storm = Signals {
+            entropy: 4.5,
+            entropy_baseline: Some(0.8),
+            error_rate: 0.38,
+            latency_ratio: 9.0,
+            ..Default::default()
+        };
+        let score = storm_score(&storm, &Tolerances::default());
+        // distress (0.38 - 0.05) / 0.05 + (9 - 1.5) / 1.5 = 11.6; diversity 3.5 + 3.7 = 7.2
+        assert!((score - 11.6 * 8.2).abs() < 1e-9);
+
+        let complex = Signals {
+            entropy: 4.5,
+            entropy_baseline: Some(0.8),
+            error_rate: 0.0,
+            latency_ratio: 1.0,
+            ..Default::default()
+        };
+        assert_eq!(storm_score(&complex, &Tolerances::default()), 0.0);
+
+        // A swarm member retrying its refusals at once: 48 calls within a window while told to
+        // wait, 90% of its calls refused, healthy otherwise (its admitted calls were fine).
+        let swarm = Signals {
+            ignored_hints: 48.0,
+            refused_share: 0.9,
+            latency_ratio: 1.0,
+            ..complex
+        };
+        // distress (48 - 16) / 16 = 2; x (1 + 7.2 + 0.9)
+        assert!((storm_score(&swarm, &Tolerances::default()) - 2.0 * 9.1).abs() < 1e-9);
     }
 }

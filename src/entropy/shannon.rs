@@ -4,21 +4,11 @@
 /// incrementally: with `N = sum(c_i)` and `S = sum(c_i log2 c_i)`, `H = log2 N - S / N`, and a
 /// change of one count touches one term of `S`. Never recomputed over all keys.
 ///
-/// ```
-/// use stormgate::entropy::Shannon;
-///
-/// let mut h = Shannon::default();
-/// h.add(1, 1);
-/// h.add(2, 1);
-/// assert!((h.entropy() - 1.0).abs() < 1e-12); // two equally likely keys: 1 bit
-/// h.remove(2, 1);
-/// assert_eq!(h.entropy(), 0.0);
-/// ```
 ///
 /// The counts live in a small vector scanned linearly: a session window holds a few dozen keys
 /// at most (its `max_keys`), and one compact allocation beats a hash table for that size.
 #[derive(Debug, Clone, Default)]
-pub struct Shannon {
+pub(crate) struct Shannon {
     counts: Vec<(u64, u32)>,
     /// Calls counted as keys of their own without being stored (see [`Shannon::add_single`]).
     singles: u64,
@@ -37,7 +27,7 @@ fn c_log_c(c: u32) -> f64 {
 
 impl Shannon {
     /// Adds `weight` to `key`'s count.
-    pub fn add(&mut self, key: u64, weight: u32) {
+    pub(crate) fn add(&mut self, key: u64, weight: u32) {
         if weight == 0 {
             return;
         }
@@ -54,7 +44,7 @@ impl Shannon {
     }
 
     /// Takes `weight` back from `key`'s count (never below zero).
-    pub fn remove(&mut self, key: u64, weight: u32) {
+    pub(crate) fn remove(&mut self, key: u64, weight: u32) {
         let Some(i) = self.counts.iter().position(|(k, _)| *k == key) else {
             return;
         };
@@ -74,14 +64,14 @@ impl Shannon {
     /// Counts one call of `weight` as a key seen once, without storing the key: the honest
     /// assumption for calls past a cap on distinct keys (each new key adds the most entropy a
     /// new key can), at no memory cost.
-    pub fn add_single(&mut self, weight: u32) {
+    pub(crate) fn add_single(&mut self, weight: u32) {
         self.singles += 1;
         self.total += u64::from(weight);
         self.sum_c_log_c += c_log_c(weight);
     }
 
     /// Takes back a call counted with [`add_single`](Shannon::add_single).
-    pub fn remove_single(&mut self, weight: u32) {
+    pub(crate) fn remove_single(&mut self, weight: u32) {
         self.singles = self.singles.saturating_sub(1);
         self.total = self.total.saturating_sub(u64::from(weight));
         self.sum_c_log_c -= c_log_c(weight);
@@ -91,7 +81,7 @@ impl Shannon {
     }
 
     /// The entropy in bits.
-    pub fn entropy(&self) -> f64 {
+    pub(crate) fn entropy(&self) -> f64 {
         if self.total == 0 {
             return 0.0;
         }
@@ -99,31 +89,24 @@ impl Shannon {
         (n.log2() - self.sum_c_log_c / n).max(0.0)
     }
 
-    /// The entropy divided by its maximum for this many distinct keys, in [0, 1].
-    pub fn normalized(&self) -> f64 {
-        match self.distinct() {
-            0 | 1 => 0.0,
-            k => (self.entropy() / (k as f64).log2()).min(1.0),
-        }
-    }
-
     /// Distinct keys with a non-zero count (calls counted as singles included).
-    pub fn distinct(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn distinct(&self) -> usize {
         self.counts.len() + self.singles as usize
     }
 
     /// Distinct keys stored.
-    pub fn stored(&self) -> usize {
+    pub(crate) fn stored(&self) -> usize {
         self.counts.len()
     }
 
     /// Whether `key` has a non-zero count.
-    pub fn contains(&self, key: u64) -> bool {
+    pub(crate) fn contains(&self, key: u64) -> bool {
         self.counts.iter().any(|(k, _)| *k == key)
     }
 
     /// The sum of all counts.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.total
     }
 }
@@ -171,5 +154,21 @@ mod tests {
                 prop_assert_eq!(h.total(), reference.values().map(|&c| u64::from(c)).sum::<u64>());
             }
         }
+    }
+}
+
+/// The examples of this module's documentation, run.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn two_equally_likely_keys_are_one_bit() {
+        use crate::entropy::shannon::Shannon;
+
+        let mut h = Shannon::default();
+        h.add(1, 1);
+        h.add(2, 1);
+        assert!((h.entropy() - 1.0).abs() < 1e-12); // two equally likely keys: 1 bit
+        h.remove(2, 1);
+        assert_eq!(h.entropy(), 0.0);
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::Shannon;
+use super::shannon::Shannon;
 
 /// Calls of one key in one bucket (`weight` in all), or, when `singles > 0`, that many calls
 /// of `weight` each past the key cap, counted as keys seen once (see [`Shannon::add_single`]).
@@ -18,7 +18,7 @@ struct Entry {
 /// Counts per key over the last `window` (in `buckets` buckets), and their Shannon entropy.
 /// Each call is added once and expired once: O(1) amortised.
 #[derive(Debug, Clone)]
-pub struct SessionWindow {
+pub(crate) struct SessionWindow {
     bucket_len: Duration,
     buckets: usize,
     max_keys: usize,
@@ -31,7 +31,7 @@ impl SessionWindow {
     /// A window of `window` split into `buckets` buckets, storing at most `max_keys` distinct
     /// keys; calls of further new keys count as keys seen once, which keeps the entropy
     /// honest (a session cycling through endless new keys still reads as maximally diverse).
-    pub fn new(window: Duration, buckets: usize, max_keys: usize) -> Self {
+    pub(crate) fn new(window: Duration, buckets: usize, max_keys: usize) -> Self {
         let buckets = buckets.max(1);
         SessionWindow {
             bucket_len: (window / buckets as u32).max(Duration::from_millis(1)),
@@ -59,7 +59,7 @@ impl SessionWindow {
     }
 
     /// Counts one call of `key` with `weight` at `elapsed` (time since any fixed origin).
-    pub fn record(&mut self, elapsed: Duration, key: u64, weight: u32) {
+    pub(crate) fn record(&mut self, elapsed: Duration, key: u64, weight: u32) {
         let index = (elapsed.as_nanos() / self.bucket_len.as_nanos()) as u64;
         self.expire(index);
         let single = !self.shannon.contains(key) && self.shannon.stored() >= self.max_keys;
@@ -93,27 +93,24 @@ impl SessionWindow {
     }
 
     /// Drops what fell out of the window by `elapsed`.
-    pub fn advance(&mut self, elapsed: Duration) {
+    #[cfg(test)]
+    pub(crate) fn advance(&mut self, elapsed: Duration) {
         self.expire((elapsed.as_nanos() / self.bucket_len.as_nanos()) as u64);
     }
 
     /// Entropy of the window, bits.
-    pub fn entropy(&self) -> f64 {
+    pub(crate) fn entropy(&self) -> f64 {
         self.shannon.entropy()
     }
 
-    /// Entropy over its maximum for the distinct keys seen, in [0, 1].
-    pub fn normalized(&self) -> f64 {
-        self.shannon.normalized()
-    }
-
     /// Calls (weights) in the window.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.shannon.total()
     }
 
     /// Distinct keys in the window.
-    pub fn distinct(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn distinct(&self) -> usize {
         self.shannon.distinct()
     }
 }
