@@ -12,26 +12,21 @@ use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
-use common::{body_bytes, body_json, reached, request};
+use common::{MockAnswer, MockHandle, MockStack, answer, body_bytes, body_json, reached, scan};
 use http::{Request, Response};
-use serde_json::json;
 use stormgate::classify::{ClassifyLayer, DeadlineConfig};
 use stormgate::deadline::DeadlineLayer;
 use stormgate::fifo::{FifoLimitLayer, ResourceLimiter, ResourceLimits};
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
-use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower::{BoxError, ServiceBuilder};
 use tower_test::mock;
-
-type Stack = BoxCloneService<Request<Body>, Response<Body>, BoxError>;
-type Handle = mock::Handle<Request<Body>, Response<Body>>;
-type Answer = tokio::task::JoinHandle<Result<Response<Body>, BoxError>>;
 
 const DEADLINE: Duration = Duration::from_secs(5);
 
 /// Classification (every call's deadline 5 s), the FIFO (`sql_scan` on `db`: one place, one
 /// waiting) and the deadline layer around the mock, in the order the whole stack has them.
-fn stack() -> (Stack, Handle) {
+fn stack() -> (MockStack, MockHandle) {
     let deadlines = {
         let mut d = DeadlineConfig::default();
         d.default = Some(DEADLINE);
@@ -56,7 +51,7 @@ fn stack() -> (Stack, Handle) {
 
 /// What `answer` gives, failing the test (not hanging it) if that takes a minute: the longest
 /// any call here may run is its deadline.
-async fn within_a_minute(answer: Answer) -> Response<Body> {
+async fn within_a_minute(answer: MockAnswer) -> Response<Body> {
     tokio::time::timeout(Duration::from_secs(60), answer)
         .await
         .expect("answered within a minute")
@@ -64,32 +59,13 @@ async fn within_a_minute(answer: Answer) -> Response<Body> {
         .unwrap()
 }
 
-/// Sends scan `id` through `stack` on its own task.
-fn scan(stack: &Stack, id: u64) -> Answer {
-    let req = request(
-        Some("s"),
-        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-               "params": {"name": "sql_scan", "arguments": {"table": "t"}}}),
-    );
-    tokio::spawn(stack.clone().oneshot(req))
-}
-
-/// A whole JSON-RPC answer to `id`.
-fn answer(id: u64) -> Response<Body> {
-    let body = json!({"jsonrpc": "2.0", "id": id, "result": {"content": [], "isError": false}});
-    Response::builder()
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap()
-}
-
 /// The first scan running on the one place (from 0 s) and the second waiting for it (sent at
 /// 3 s, so its own deadline, 8 s, is after the first's). The clock is at 4 s on return: one
 /// second went on seeing the second wait.
 async fn one_running_one_waiting(
-    stack: &Stack,
-    handle: &mut Handle,
-) -> (Answer, mock::SendResponse<Response<Body>>, Answer) {
+    stack: &MockStack,
+    handle: &mut MockHandle,
+) -> (MockAnswer, mock::SendResponse<Response<Body>>, MockAnswer) {
     let first = scan(stack, 1);
     let (id, send) = reached(handle).await.expect("the first runs");
     assert_eq!(id, 1);
@@ -100,7 +76,7 @@ async fn one_running_one_waiting(
 }
 
 /// The second scan reaches the service now, is answered, and its answer passes whole.
-async fn the_second_runs_now(handle: &mut Handle, second: Answer) {
+async fn the_second_runs_now(handle: &mut MockHandle, second: MockAnswer) {
     let (id, send) = reached(handle).await.expect("the second runs now");
     assert_eq!(id, 2);
     send.send_response(answer(2));

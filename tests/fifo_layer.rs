@@ -10,18 +10,13 @@ use std::num::NonZeroUsize;
 
 use axum::body::Body;
 use bytes::Bytes;
-use common::{body_json, reached, request};
+use common::{MockHandle, MockStack, answer, body_json, reached, scan};
 use http::{Request, Response};
-use serde_json::json;
 use stormgate::classify::ClassifyLayer;
 use stormgate::fifo::{FifoLimitLayer, ResourceLimiter, ResourceLimits};
 use tower::util::BoxCloneService;
-use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower::{BoxError, ServiceBuilder};
 use tower_test::mock;
-
-type Stack = BoxCloneService<Request<Body>, Response<Body>, BoxError>;
-type Handle = mock::Handle<Request<Body>, Response<Body>>;
-type Answer = tokio::task::JoinHandle<Result<Response<Body>, BoxError>>;
 
 /// The FIFO layer: `sql_scan` on key `db`, one call at a time, one more waiting.
 fn fifo() -> FifoLimitLayer {
@@ -37,32 +32,13 @@ fn fifo() -> FifoLimitLayer {
 }
 
 /// Classification and [`fifo`] around the mock.
-fn stack() -> (Stack, Handle) {
+fn stack() -> (MockStack, MockHandle) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let stack = ServiceBuilder::new()
         .layer(ClassifyLayer::new())
         .layer(fifo())
         .service(service);
     (BoxCloneService::new(stack), handle)
-}
-
-/// Sends scan `id` through `stack` on its own task.
-fn scan(stack: &Stack, id: u64) -> Answer {
-    let req = request(
-        Some("s"),
-        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-               "params": {"name": "sql_scan", "arguments": {"table": "t"}}}),
-    );
-    tokio::spawn(stack.clone().oneshot(req))
-}
-
-/// A whole JSON-RPC answer to `id`.
-fn answer(id: u64) -> Response<Body> {
-    let body = json!({"jsonrpc": "2.0", "id": id, "result": {"content": [], "isError": false}});
-    Response::builder()
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap()
 }
 
 #[tokio::test(start_paused = true)]
@@ -161,7 +137,8 @@ async fn an_answer_holds_its_place_while_it_streams_and_frees_it_when_dropped() 
 async fn a_fifo_layer_without_classification_says_so_once() {
     let (logs, _guard) = common::Logs::capture();
     let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let bare: Stack = BoxCloneService::new(ServiceBuilder::new().layer(fifo()).service(service));
+    let bare: MockStack =
+        BoxCloneService::new(ServiceBuilder::new().layer(fifo()).service(service));
     let (first, second) = (scan(&bare, 1), scan(&bare, 2));
     let (a, send_a) = reached(&mut handle).await.expect("the first scan ran");
     let (b, send_b) = reached(&mut handle)

@@ -14,6 +14,8 @@
 
 mod common;
 
+use common::{client, echo_headers_upstream, json_of, rpc_post};
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,11 +25,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::any;
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use stormgate::control::{Config, Control, Mode};
 use stormgate::gateway::{GatewayConfig, Proxy};
@@ -49,33 +48,6 @@ async fn gateway(upstream: &str, mut config: Config) -> (String, Control) {
     (format!("http://{addr}/mcp"), control)
 }
 
-fn client() -> Client<HttpConnector, Body> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// A JSON-RPC POST to `url` with `body` and extra `headers`.
-fn post(url: &str, body: &Value, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut req = Request::post(url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream");
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    req.body(Body::from(body.to_string())).unwrap()
-}
-
-async fn json_of<B>(response: Response<B>) -> (StatusCode, HeaderMap, Value)
-where
-    B: http_body::Body,
-    B::Error: std::fmt::Debug,
-{
-    let (parts, body) = response.into_parts();
-    let bytes = body.collect().await.unwrap().to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bytes)));
-    (parts.status, parts.headers, value)
-}
-
 /// Sets its flag when dropped: what the upstream's handler holds, to see it cancelled.
 struct Dropped(Arc<AtomicBool>);
 
@@ -88,35 +60,6 @@ impl Drop for Dropped {
 // ---------------------------------------------------------------------------------------
 // In-process upstreams: what the upstream sees
 // ---------------------------------------------------------------------------------------
-
-/// An upstream that answers each request with the headers it received, and with answer headers
-/// of its own (MCP ones and hop-by-hop ones).
-fn echo_headers_upstream() -> Router {
-    Router::new().route(
-        "/mcp",
-        any(|req: Request<Body>| async move {
-            let seen: serde_json::Map<String, Value> = req
-                .headers()
-                .iter()
-                .map(|(k, v)| (k.as_str().to_owned(), json!(v.to_str().unwrap_or("?"))))
-                .collect();
-            let body = json!({
-                "jsonrpc": "2.0", "id": 1,
-                "result": {"headers": seen, "method": req.method().as_str(),
-                           "query": req.uri().query()},
-            });
-            Response::builder()
-                .header("content-type", "application/json")
-                .header("mcp-session-id", "upstream-session-1")
-                .header("x-upstream", "yes")
-                .header("connection", "x-secret-hop")
-                .header("x-secret-hop", "must not pass")
-                .header("keep-alive", "timeout=5")
-                .body(Body::from(body.to_string()))
-                .unwrap()
-        }),
-    )
-}
 
 #[tokio::test]
 async fn mcp_headers_pass_both_ways_and_credentials_only_when_listed() {
@@ -141,7 +84,11 @@ async fn mcp_headers_pass_both_ways_and_credentials_only_when_listed() {
     // Default: no credential passes.
     let (url, _control) = gateway(&upstream_url, Config::default()).await;
     let answer = client()
-        .request(post(&format!("{url}?tenant=t"), &list, &request_headers))
+        .request(rpc_post(
+            &format!("{url}?tenant=t"),
+            &list,
+            &request_headers,
+        ))
         .await
         .unwrap();
     let (status, headers, body) = json_of(answer).await;
@@ -188,7 +135,7 @@ async fn mcp_headers_pass_both_ways_and_credentials_only_when_listed() {
     };
     let (url, _control) = gateway(&upstream_url, config).await;
     let answer = client()
-        .request(post(&url, &list, &request_headers))
+        .request(rpc_post(&url, &list, &request_headers))
         .await
         .unwrap();
     let (_, _, body) = json_of(answer).await;
@@ -324,7 +271,7 @@ async fn a_client_that_goes_before_the_answer_drops_the_upstream_request() {
     let (url, _control) = gateway(&format!("http://{upstream}/mcp"), Config::default()).await;
     let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
                       "params": {"name": "slow", "arguments": {}}});
-    let request = tokio::spawn(client().request(post(&url, &call, &[])));
+    let request = tokio::spawn(client().request(rpc_post(&url, &call, &[])));
     common::until("the upstream handler started", || {
         started.load(Ordering::SeqCst) == 1
     })
@@ -349,7 +296,7 @@ async fn an_unreachable_upstream_is_502_with_the_request_id() {
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                       "params": {"name": "echo", "arguments": {"text": "x"}}});
     let (status, headers, body) =
-        json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+        json_of(client().request(rpc_post(&url, &call, &[])).await.unwrap()).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert_eq!(headers["content-type"], "application/json");
     assert_eq!(body["jsonrpc"], "2.0");
@@ -370,7 +317,8 @@ async fn an_unreachable_upstream_is_502_with_the_request_id() {
     config.mode = Mode::Off;
     config.off = stormgate::control::Off::PassThrough;
     let (url, _control) = gateway(&format!("http://127.0.0.1:{port}/mcp"), config).await;
-    let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+    let (status, _, body) =
+        json_of(client().request(rpc_post(&url, &call, &[])).await.unwrap()).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert_eq!(body["id"], Value::Null, "{body}");
 }
@@ -409,7 +357,8 @@ async fn an_upstream_slower_than_the_request_timeout_is_504_with_the_request_id(
     let call = json!({"jsonrpc": "2.0", "id": "req-a", "method": "tools/call",
                       "params": {"name": "slow", "arguments": {}}});
     let started = std::time::Instant::now();
-    let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+    let (status, _, body) =
+        json_of(client().request(rpc_post(&url, &call, &[])).await.unwrap()).await;
     let took = started.elapsed();
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(body["id"], "req-a", "{body}");
@@ -720,7 +669,7 @@ async fn outcomes_are_learned_from_the_upstreams_answers() {
                       "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                                  "clientInfo": {"name": "c", "version": "1"}}});
     let (status, headers, _) =
-        json_of(client().request(post(&url, &init, &[])).await.unwrap()).await;
+        json_of(client().request(rpc_post(&url, &init, &[])).await.unwrap()).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["mcp-session-id"], "upstream-session-1");
     let session = [
@@ -730,8 +679,13 @@ async fn outcomes_are_learned_from_the_upstreams_answers() {
     for (id, tool) in [(1, "echo"), (2, "fail")] {
         let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
                           "params": {"name": tool, "arguments": {}}});
-        let (status, _, body) =
-            json_of(client().request(post(&url, &call, &session)).await.unwrap()).await;
+        let (status, _, body) = json_of(
+            client()
+                .request(rpc_post(&url, &call, &session))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(body["id"], id);
     }
@@ -779,7 +733,7 @@ async fn a_deadline_cuts_a_proxied_call_and_drops_its_upstream_request() {
                       "params": {"name": "slow", "arguments": {}}});
     let answer = tokio::time::timeout(
         Duration::from_secs(5),
-        client().request(post(&url, &call, &[])),
+        client().request(rpc_post(&url, &call, &[])),
     )
     .await
     .expect("the deadline answers, not the upstream")
@@ -848,7 +802,7 @@ async fn open_session(url: &str) -> String {
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "gateway-test", "version": "1"}}});
-    let answer = client().request(post(url, &init, &[])).await.unwrap();
+    let answer = client().request(rpc_post(url, &init, &[])).await.unwrap();
     assert_eq!(answer.status(), StatusCode::OK);
     let session = answer.headers()["mcp-session-id"]
         .to_str()
@@ -860,7 +814,10 @@ async fn open_session(url: &str) -> String {
         ("mcp-session-id", session.as_str()),
         ("mcp-protocol-version", "2025-06-18"),
     ];
-    let answer = client().request(post(url, &done, &headers)).await.unwrap();
+    let answer = client()
+        .request(rpc_post(url, &done, &headers))
+        .await
+        .unwrap();
     assert!(answer.status().is_success(), "{}", answer.status());
     answer.into_body().collect().await.unwrap();
     session
@@ -874,7 +831,10 @@ async fn upstream_stats(url: &str, session: &str, id: u64) -> Value {
         ("mcp-session-id", session),
         ("mcp-protocol-version", "2025-06-18"),
     ];
-    let answer = client().request(post(url, &call, &headers)).await.unwrap();
+    let answer = client()
+        .request(rpc_post(url, &call, &headers))
+        .await
+        .unwrap();
     let text = answer.into_body().collect().await.unwrap().to_bytes();
     let message = message_of(&String::from_utf8_lossy(&text));
     let stats = message["result"]["content"][0]["text"]
@@ -896,7 +856,10 @@ async fn a_client_that_goes_mid_call_gets_the_upstream_tool_cancelled_and_its_po
         ("mcp-session-id", session.as_str()),
         ("mcp-protocol-version", "2025-06-18"),
     ];
-    let answer = client().request(post(&url, &call, &headers)).await.unwrap();
+    let answer = client()
+        .request(rpc_post(&url, &call, &headers))
+        .await
+        .unwrap();
     assert_eq!(answer.status(), StatusCode::OK);
     // The tool holds a pool place...
     let mut id = 100;
@@ -989,7 +952,7 @@ async fn calls_to(url: &str, clients: u64, calls: u64) -> Vec<(StatusCode, bool)
             for id in 0..calls {
                 let call = json!({"jsonrpc": "2.0", "id": c * 1000 + id, "method": "tools/call",
                                   "params": {"name": "echo", "arguments": {"text": "x"}}});
-                let answer = client().request(post(&url, &call, &[])).await.unwrap();
+                let answer = client().request(rpc_post(&url, &call, &[])).await.unwrap();
                 let (status, _, body) = json_of(answer).await;
                 statuses.push((status, body.get("result").is_some()));
                 tokio::time::sleep(Duration::from_millis(15)).await;
@@ -1125,7 +1088,8 @@ async fn an_https_upstream_is_reached_when_its_certificate_chains_to_a_known_ca_
         with_ca(Some(ca_file.clone())),
     )
     .await;
-    let (status, _, body) = json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+    let (status, _, body) =
+        json_of(client().request(rpc_post(&url, &call, &[])).await.unwrap()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["result"]["content"][0]["text"], "ok", "{body}");
     // Only the bundled roots: the certificate is not trusted; the right CA and another name:
@@ -1133,7 +1097,7 @@ async fn an_https_upstream_is_reached_when_its_certificate_chains_to_a_known_ca_
     for (host, ca) in [("localhost", None), ("127.0.0.1", Some(ca_file.clone()))] {
         let (url, _control) = gateway(&format!("https://{host}:{port}/mcp"), with_ca(ca)).await;
         let (status, _, body) =
-            json_of(client().request(post(&url, &call, &[])).await.unwrap()).await;
+            json_of(client().request(rpc_post(&url, &call, &[])).await.unwrap()).await;
         assert_eq!(status, StatusCode::BAD_GATEWAY, "{host}: {body}");
         assert_eq!(
             body["error"]["data"]["reason"], "upstream_unreachable",
@@ -1190,7 +1154,7 @@ async fn every_abandoned_call_is_cancelled_upstream_exactly_once() {
         .map(|i| {
             let call = json!({"jsonrpc": "2.0", "id": format!("call-{i}"), "method": "tools/call",
                               "params": {"name": "slow", "arguments": {}}});
-            let req = post(&url, &call, &[]);
+            let req = rpc_post(&url, &call, &[]);
             tokio::spawn(async move { client().request(req).await })
         })
         .collect();

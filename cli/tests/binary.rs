@@ -11,84 +11,21 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::any;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
+#[path = "../../tests/common/loopback.rs"]
+mod loopback;
 #[path = "../../tests/common/node.rs"]
 mod node;
+
+use loopback::{client, echo_headers_upstream, json_of, rpc_post, serve};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------
-
-/// Serves `router` on a free loopback port until the test's runtime ends; its address.
-async fn serve(router: Router) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    addr
-}
-
-fn client() -> Client<HttpConnector, Body> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// A JSON-RPC POST to `url` with `body` and extra `headers`.
-fn post(url: &str, body: &Value, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut req = Request::post(url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream");
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    req.body(Body::from(body.to_string())).unwrap()
-}
-
-async fn json_of<B>(response: Response<B>) -> (StatusCode, HeaderMap, Value)
-where
-    B: http_body::Body,
-    B::Error: std::fmt::Debug,
-{
-    let (parts, body) = response.into_parts();
-    let bytes = body.collect().await.unwrap().to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bytes)));
-    (parts.status, parts.headers, value)
-}
-
-/// An upstream that answers each request with the headers it received, and with answer headers
-/// of its own (MCP ones and hop-by-hop ones).
-fn echo_headers_upstream() -> Router {
-    Router::new().route(
-        "/mcp",
-        any(|req: Request<Body>| async move {
-            let seen: serde_json::Map<String, Value> = req
-                .headers()
-                .iter()
-                .map(|(k, v)| (k.as_str().to_owned(), json!(v.to_str().unwrap_or("?"))))
-                .collect();
-            let body = json!({
-                "jsonrpc": "2.0", "id": 1,
-                "result": {"headers": seen, "method": req.method().as_str(),
-                           "query": req.uri().query()},
-            });
-            Response::builder()
-                .header("content-type", "application/json")
-                .header("mcp-session-id", "upstream-session-1")
-                .header("x-upstream", "yes")
-                .header("connection", "x-secret-hop")
-                .header("x-secret-hop", "must not pass")
-                .header("keep-alive", "timeout=5")
-                .body(Body::from(body.to_string()))
-                .unwrap()
-        }),
-    )
-}
 
 // ---------------------------------------------------------------------------------------
 // The binary
@@ -338,8 +275,13 @@ async fn the_binary_refuses_a_rebound_host_or_origin_before_the_upstream() {
     ] {
         let mut headers = vec![("host", host.as_str())];
         headers.extend(origin.map(|o| ("origin", o)));
-        let (status, _, body) =
-            json_of(client().request(post(&url, &list, &headers)).await.unwrap()).await;
+        let (status, _, body) = json_of(
+            client()
+                .request(rpc_post(&url, &list, &headers))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{host} {origin:?}: {body}");
         assert_eq!(body["error"]["code"], -32600, "{body}");
         assert!(
@@ -396,8 +338,13 @@ async fn the_binary_refuses_a_rebound_host_or_origin_before_the_upstream() {
     ] {
         let mut headers = vec![("host", host)];
         headers.extend(origin.map(|o| ("origin", o)));
-        let (status, _, body) =
-            json_of(client().request(post(&url, &list, &headers)).await.unwrap()).await;
+        let (status, _, body) = json_of(
+            client()
+                .request(rpc_post(&url, &list, &headers))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(status, StatusCode::OK, "{host} {origin:?}: {body}");
     }
     assert_eq!(seen.load(Ordering::SeqCst), 3);
@@ -415,7 +362,7 @@ async fn the_binary_proxies_serves_metrics_and_exits_0_on_sigterm() {
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
     let (status, headers, body) = json_of(
         client()
-            .request(post(&format!("http://{addr}/mcp"), &list, &[]))
+            .request(rpc_post(&format!("http://{addr}/mcp"), &list, &[]))
             .await
             .unwrap(),
     )
@@ -512,7 +459,7 @@ async fn the_binary_counts_upstream_failures_in_its_metrics() {
     for _ in 0..3 {
         let (status, _, body) = json_of(
             client()
-                .request(post(&format!("http://{addr}/mcp"), &call, &[]))
+                .request(rpc_post(&format!("http://{addr}/mcp"), &call, &[]))
                 .await
                 .unwrap(),
         )
@@ -576,7 +523,7 @@ async fn the_binary_gives_each_request_an_id_and_never_logs_credentials() {
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
     let mut ids = Vec::new();
     for _ in 0..2 {
-        let req = post(
+        let req = rpc_post(
             &format!("http://{addr}/mcp"),
             &list,
             &[

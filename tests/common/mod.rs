@@ -12,7 +12,10 @@ use http_body_util::BodyExt;
 use stormgate::Calls;
 use stormgate::call::Unclassified;
 
+mod loopback;
 mod node;
+#[allow(unused_imports)]
+pub use loopback::{client, echo_headers_upstream, json_of, rpc_post, serve};
 #[allow(unused_imports)]
 pub use node::{node_dir, report};
 
@@ -293,20 +296,32 @@ pub async fn conformance_suite(
     results
 }
 
-/// Serves `router` on a free loopback port (with the peer's address, as a server sees it)
-/// until the test's runtime ends; its address.
-pub async fn serve(router: axum::Router) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .await
+/// A layer's stack around tower-test's mock service, boxed.
+pub type MockStack = tower::util::BoxCloneService<Request<Body>, Response, tower::BoxError>;
+/// The handle that answers what reaches the mock.
+pub type MockHandle = tower_test::mock::Handle<Request<Body>, Response>;
+/// A call sent through a [`MockStack`] on its own task.
+pub type MockAnswer = tokio::task::JoinHandle<Result<Response, tower::BoxError>>;
+
+/// Sends `sql_scan` call `id` on session `s` through `stack` on its own task.
+pub fn scan(stack: &MockStack, id: u64) -> MockAnswer {
+    use tower::ServiceExt;
+    let req = request(
+        Some("s"),
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": "sql_scan", "arguments": {"table": "t"}}}),
+    );
+    tokio::spawn(stack.clone().oneshot(req))
+}
+
+/// A whole JSON-RPC tool result answering `id`.
+pub fn answer(id: u64) -> Response {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": id,
+                                  "result": {"content": [], "isError": false}});
+    http::Response::builder()
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
         .unwrap()
-    });
-    addr
 }
 
 /// The JSON-RPC id of the next request that reached tower-test's mock service, with the handle
