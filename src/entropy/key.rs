@@ -1,12 +1,17 @@
 //! A call's resource key, read from its argument bytes once, bounded, without a `Value` tree.
 //!
 //! The default key hashes the canonical arguments: objects hash the same whatever their key
-//! order (each member is hashed alone and the members are combined by addition), arrays in
-//! order, scalars by their JSON value. It is computed while deserializing, so nothing but the
-//! hash is built. Arguments longer than [`MAX_HASHED_ARGS`] hash their first
+//! order, arrays in order, scalars by their JSON value. It is computed while deserializing, so
+//! nothing but the hash is built. Arguments longer than [`MAX_HASHED_ARGS`] hash their first
 //! [`MAX_HASHED_ARGS`] bytes as they are (and their length): the guard's cost per call is
 //! bounded whatever a client sends. Configured JSON pointers read a parsed tree, but only of
 //! arguments up to that size.
+//!
+//! The canonical form is written into one hasher as a stream of tagged tokens (no token is a
+//! prefix of another: strings and numbers end in `0xff`, which UTF-8 never holds; arrays end in
+//! `]`). An object is the one place order must not count: each member (its key, then its
+//! value's stream) is hashed alone and the members are combined by addition, so a call costs
+//! one hash per object member, not one per value.
 //!
 //! Every hash is SipHash under a key random per guard, so a client cannot choose arguments
 //! that collide: ever-new calls made to share a key would hide a flailing session's diversity.
@@ -22,7 +27,7 @@ pub const MAX_HASHED_ARGS: usize = 64 * 1024;
 
 /// Hashes the arguments `args` (JSON text, not yet checked) into `h`: canonically, or by their
 /// bounded raw prefix when too long or not JSON. Bytes past the bound are never read, not even
-/// to check they are UTF-8. `keys` keys every hash of the canonical form.
+/// to check they are UTF-8. `keys` keys the hash of each object member.
 pub(crate) fn hash_arguments(
     args: &[u8],
     pointers: Option<&[String]>,
@@ -37,7 +42,7 @@ pub(crate) fn hash_arguments(
             Ok(value) => {
                 for p in pointers {
                     match value.pointer(p) {
-                        Some(v) => canonical_value(keys, v).hash(h),
+                        Some(v) => canonical_value(keys, v, h),
                         None => h.write_u8(0),
                     }
                 }
@@ -45,12 +50,16 @@ pub(crate) fn hash_arguments(
             Err(_) => raw(args, h),
         },
         None => {
+            // Into a copy, kept only if the whole text is one JSON value.
+            let mut canonical = h.clone();
             let mut de = serde_json::Deserializer::from_slice(args);
-            match Canonical(keys)
-                .deserialize(&mut de)
-                .and_then(|v| de.end().map(|()| v))
-            {
-                Ok(v) => v.hash(h),
+            let read = Canonical {
+                keys,
+                h: &mut canonical,
+            }
+            .deserialize(&mut de);
+            match read.and_then(|()| de.end()) {
+                Ok(()) => *h = canonical,
                 Err(_) => raw(args, h),
             }
         }
@@ -64,35 +73,43 @@ fn raw(args: &[u8], h: &mut DefaultHasher) {
     h.write_usize(args.len());
 }
 
-fn mix(keys: &RandomState, tag: u8, f: impl FnOnce(&mut DefaultHasher)) -> u64 {
-    let mut h = keys.build_hasher();
-    h.write_u8(tag);
-    f(&mut h);
-    h.finish()
-}
-
-/// The canonical hash of a parsed value (the same as [`Canonical`] gives its text).
-fn canonical_value(keys: &RandomState, v: &Value) -> u64 {
+/// Writes the canonical form of a parsed value into `h` (what [`Canonical`] writes of its
+/// text).
+fn canonical_value(keys: &RandomState, v: &Value, h: &mut DefaultHasher) {
     match v {
-        Value::Null => mix(keys, b'n', |_| {}),
-        Value::Bool(b) => mix(keys, b'b', |h| b.hash(h)),
-        Value::Number(n) => number(keys, n),
-        Value::String(s) => string(keys, s),
-        Value::Array(items) => mix(keys, b'[', |h| {
+        Value::Null => null(h),
+        Value::Bool(b) => boolean(*b, h),
+        Value::Number(n) => number(n, h),
+        Value::String(s) => string(s, h),
+        Value::Array(items) => {
+            h.write_u8(b'[');
             for i in items {
-                h.write_u64(canonical_value(keys, i));
+                canonical_value(keys, i, h);
             }
-        }),
-        Value::Object(map) => object(
-            keys,
-            map.iter()
-                .map(|(k, v)| member(keys, key_hash(keys, k), canonical_value(keys, v))),
-        ),
+            h.write_u8(b']');
+        }
+        Value::Object(map) => {
+            let sum = map.iter().fold(0u64, |sum, (k, v)| {
+                let mut m = member(keys, k);
+                canonical_value(keys, v, &mut m);
+                sum.wrapping_add(m.finish())
+            });
+            object(sum, h);
+        }
     }
 }
 
+fn null(h: &mut DefaultHasher) {
+    h.write_u8(b'n');
+}
+
+fn boolean(b: bool, h: &mut DefaultHasher) {
+    h.write_u8(b'b');
+    h.write_u8(u8::from(b));
+}
+
 /// A number by its JSON text, written straight into the hasher (no `String`).
-fn number(keys: &RandomState, n: &serde_json::Number) -> u64 {
+fn number(n: &serde_json::Number, h: &mut DefaultHasher) {
     /// Hashes the text written to it.
     struct Text<'a>(&'a mut DefaultHasher);
     impl fmt::Write for Text<'_> {
@@ -101,114 +118,126 @@ fn number(keys: &RandomState, n: &serde_json::Number) -> u64 {
             Ok(())
         }
     }
-    mix(keys, b'#', |h| {
-        // Writing into a hasher cannot fail.
-        let _ = write!(Text(h), "{n}");
-    })
+    h.write_u8(b'#');
+    // Writing into a hasher cannot fail.
+    let _ = write!(Text(h), "{n}");
+    h.write_u8(0xff);
 }
 
-fn string(keys: &RandomState, s: &str) -> u64 {
-    mix(keys, b's', |h| s.hash(h))
+fn string(s: &str, h: &mut DefaultHasher) {
+    h.write_u8(b's');
+    // The bytes, then 0xff.
+    s.hash(h);
 }
 
-fn key_hash(keys: &RandomState, key: &str) -> u64 {
-    mix(keys, b'k', |h| key.hash(h))
+/// A member's own hasher, its key written: its value's stream follows.
+fn member(keys: &RandomState, key: &str) -> DefaultHasher {
+    let mut m = keys.build_hasher();
+    key.hash(&mut m);
+    m
 }
 
-fn member(keys: &RandomState, key: u64, value: u64) -> u64 {
-    mix(keys, b':', |h| {
-        h.write_u64(key);
-        h.write_u64(value);
-    })
+/// An object: the sum of its members' hashes, whatever their order.
+fn object(sum: u64, h: &mut DefaultHasher) {
+    h.write_u8(b'{');
+    h.write_u64(sum);
 }
 
-fn object(keys: &RandomState, members: impl Iterator<Item = u64>) -> u64 {
-    let sum = members.fold(0u64, u64::wrapping_add);
-    mix(keys, b'{', |h| h.write_u64(sum))
+/// Deserializes any JSON value, writing its canonical form into `h`.
+struct Canonical<'a> {
+    keys: &'a RandomState,
+    h: &'a mut DefaultHasher,
 }
-
-/// Deserializes any JSON value into its canonical hash under its keys.
-struct Canonical<'a>(&'a RandomState);
 
 impl<'de> DeserializeSeed<'de> for Canonical<'_> {
-    type Value = u64;
+    type Value = ();
 
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for Canonical<'_> {
-    type Value = u64;
+    type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_unit<E>(self) -> Result<u64, E> {
-        Ok(canonical_value(self.0, &Value::Null))
+    fn visit_unit<E>(self) -> Result<(), E> {
+        null(self.h);
+        Ok(())
     }
 
-    fn visit_bool<E>(self, b: bool) -> Result<u64, E> {
-        Ok(canonical_value(self.0, &Value::Bool(b)))
+    fn visit_bool<E>(self, b: bool) -> Result<(), E> {
+        boolean(b, self.h);
+        Ok(())
     }
 
-    fn visit_i64<E>(self, n: i64) -> Result<u64, E> {
-        Ok(number(self.0, &n.into()))
+    fn visit_i64<E>(self, n: i64) -> Result<(), E> {
+        number(&n.into(), self.h);
+        Ok(())
     }
 
-    fn visit_u64<E>(self, n: u64) -> Result<u64, E> {
-        Ok(number(self.0, &n.into()))
+    fn visit_u64<E>(self, n: u64) -> Result<(), E> {
+        number(&n.into(), self.h);
+        Ok(())
     }
 
-    fn visit_f64<E: de::Error>(self, n: f64) -> Result<u64, E> {
+    fn visit_f64<E: de::Error>(self, n: f64) -> Result<(), E> {
         let n = serde_json::Number::from_f64(n).ok_or_else(|| E::custom("not a JSON number"))?;
-        Ok(number(self.0, &n))
+        number(&n, self.h);
+        Ok(())
     }
 
-    fn visit_str<E>(self, s: &str) -> Result<u64, E> {
-        Ok(string(self.0, s))
+    fn visit_str<E>(self, s: &str) -> Result<(), E> {
+        string(s, self.h);
+        Ok(())
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
-        let mut h = self.0.build_hasher();
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let Canonical { keys, h } = self;
         h.write_u8(b'[');
-        while let Some(item) = seq.next_element_seed(Canonical(self.0))? {
-            h.write_u64(item);
-        }
-        Ok(h.finish())
+        while let Some(()) = seq.next_element_seed(Canonical { keys, h: &mut *h })? {}
+        h.write_u8(b']');
+        Ok(())
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<u64, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let mut sum = 0u64;
-        while let Some(key) = map.next_key_seed(Key(self.0))? {
-            let value = map.next_value_seed(Canonical(self.0))?;
-            sum = sum.wrapping_add(member(self.0, key, value));
+        while let Some(mut m) = map.next_key_seed(Key(self.keys))? {
+            map.next_value_seed(Canonical {
+                keys: self.keys,
+                h: &mut m,
+            })?;
+            sum = sum.wrapping_add(m.finish());
         }
-        Ok(mix(self.0, b'{', |h| h.write_u64(sum)))
+        object(sum, self.h);
+        Ok(())
     }
 }
 
-/// Deserializes an object key into its hash, borrowing it when it has no escapes.
+/// Deserializes an object key into its member's hasher, borrowing the key when it has no
+/// escapes.
 struct Key<'a>(&'a RandomState);
 
 impl<'de> DeserializeSeed<'de> for Key<'_> {
-    type Value = u64;
+    type Value = DefaultHasher;
 
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<DefaultHasher, D::Error> {
         d.deserialize_str(self)
     }
 }
 
 impl<'de> Visitor<'de> for Key<'_> {
-    type Value = u64;
+    type Value = DefaultHasher;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an object key")
     }
 
-    fn visit_str<E>(self, s: &str) -> Result<u64, E> {
-        Ok(key_hash(self.0, s))
+    fn visit_str<E>(self, s: &str) -> Result<DefaultHasher, E> {
+        Ok(member(self.0, s))
     }
 }
 
@@ -253,6 +282,14 @@ mod tests {
         assert_ne!(key(r#"{"a":1,"b":[1,2]}"#), key(r#"{"a":1,"b":[2,1]}"#));
         assert_ne!(key(r#"{"q":"x"}"#), key(r#"{"q":"y"}"#));
         assert_ne!(key(r#"{"a":{"b":1}}"#), key(r#"{"b":{"a":1}}"#));
+        assert_ne!(key("[[1],2]"), key("[[1,2]]"), "where an array ends counts");
+        assert_ne!(
+            key(r#"["asb"]"#),
+            key(r#"["a","b"]"#),
+            "where a string ends counts"
+        );
+        assert_ne!(key("[[]]"), key("[]"));
+        assert_ne!(key(r#"{"a":{}}"#), key(r#"{"a":[]}"#));
         assert_eq!(
             key(r#"{"q":"\u0078"}"#),
             key(r#"{"q":"x"}"#),
@@ -275,10 +312,59 @@ mod tests {
         fn streaming_equals_the_tree(v in arb_json()) {
             let text = v.to_string();
             let (want, got) = KEYS.with(|keys| {
-                (keys.hash_one(canonical_value(keys, &v)), key_under(keys, &text))
+                let mut h = keys.build_hasher();
+                canonical_value(keys, &v, &mut h);
+                (h.finish(), key_under(keys, &text))
             });
             prop_assert_eq!(got, want);
         }
+    }
+
+    proptest! {
+        /// Against what a key means (two arguments share one exactly when they are the same
+        /// JSON value): keys agree with `Value` equality, and the same value written with its
+        /// objects' members in another order, and other spacing, is the same key.
+        #[test]
+        fn keys_agree_with_json_equality(a in arb_small(), b in arb_small()) {
+            prop_assert_eq!(key(&a.to_string()) == key(&b.to_string()), a == b);
+            prop_assert_eq!(key(&a.to_string()), key(&reordered(&a)));
+        }
+    }
+
+    /// `v` as JSON text with every object's members in reverse order, spaced.
+    fn reordered(v: &Value) -> String {
+        match v {
+            Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(reordered).collect();
+                format!("[ {} ]", items.join(" , "))
+            }
+            Value::Object(map) => {
+                let members: Vec<String> = map
+                    .iter()
+                    .rev()
+                    .map(|(k, v)| format!("{} : {}", Value::from(k.as_str()), reordered(v)))
+                    .collect();
+                format!("{{ {} }}", members.join(" , "))
+            }
+            leaf => leaf.to_string(),
+        }
+    }
+
+    /// Values of few leaves and shapes, so that two drawn apart are often equal or nearly so.
+    fn arb_small() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            Just(Value::from(1)),
+            Just(Value::from("")),
+            Just(Value::from("a")),
+        ];
+        leaf.prop_recursive(3, 8, 3, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                proptest::collection::btree_map("[ab]", inner, 0..3)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
     }
 
     fn arb_json() -> impl Strategy<Value = Value> {
