@@ -138,8 +138,10 @@ pub(crate) struct CommonBaseline {
     /// The period in progress: its index, and per client its sum and count.
     period: u64,
     clients: Vec<(u64, f64, u64)>,
-    /// The period in progress's value, kept current by each record (read on every call).
-    current: Option<f64>,
+    /// The period in progress's value while no period has ended (what [`value`](Self::value)
+    /// reads then), kept current by each record. Later periods' values are computed once, as
+    /// each ends: a record is then one selection cheaper.
+    first: Option<f64>,
     /// Samples recorded, up to [`MIN_SAMPLES`].
     seen: u32,
 }
@@ -149,12 +151,13 @@ impl CommonBaseline {
     pub(crate) fn record(&mut self, now: Duration, client: u64, secs: f64) {
         let period = (now.as_nanos() / BASELINE_PERIOD.as_nanos()) as u64;
         if period != self.period {
-            if let Some(v) = self.current.take() {
+            if let Some(v) = self.upper_median() {
                 if self.done.len() == BASELINE_PERIODS {
                     self.done.pop_front();
                 }
                 self.done.push_back(v);
             }
+            self.first = None;
             self.period = period;
             self.clients.clear();
         }
@@ -167,7 +170,9 @@ impl CommonBaseline {
             return; // counts from the next period
         }
         self.seen = (self.seen + 1).min(MIN_SAMPLES);
-        self.current = self.upper_median();
+        if self.done.is_empty() {
+            self.first = self.upper_median();
+        }
     }
 
     /// The period in progress: the upper median of its clients' means (a selection, not a
@@ -208,7 +213,7 @@ impl CommonBaseline {
             return None;
         }
         if self.done.is_empty() {
-            self.current
+            self.first
         } else {
             self.done.iter().copied().reduce(f64::min)
         }
@@ -252,9 +257,8 @@ impl ToolBaselines {
     /// The healthy latency of the tool at `key` before and after a call of `secs` seconds of
     /// `client` at `now`, which teaches it when `learns` (nothing held the call back), and
     /// what its other clients see now ([`CommonBaseline::seen_by_others`]): one lookup, one
-    /// lock. (Before and
-    /// after differ only in the tool's first period, or when it is first seen: after, the
-    /// call's client has its vote.)
+    /// lock. (Before and after differ only in the tool's first period, or when it is first
+    /// seen: after, the call's client has its vote.)
     pub(crate) fn judge(
         &self,
         key: u64,
@@ -263,25 +267,56 @@ impl ToolBaselines {
         secs: f64,
         learns: bool,
     ) -> Judged {
+        self.with(key, learns, |b| {
+            let before = b.value();
+            if learns {
+                b.record(now, client, secs);
+            }
+            Judged {
+                before,
+                after: b.value(),
+                others: b.seen_by_others(client),
+            }
+        })
+        .unwrap_or_default()
+    }
+
+    /// [`judge`](Self::judge)'s `before` alone (the call taught the tool the same), for a
+    /// caller that needs nothing else: what the other clients see is not computed.
+    pub(crate) fn before(
+        &self,
+        key: u64,
+        client: u64,
+        now: Duration,
+        secs: f64,
+        learns: bool,
+    ) -> Option<f64> {
+        self.with(key, learns, |b| {
+            let before = b.value();
+            if learns {
+                b.record(now, client, secs);
+            }
+            before
+        })
+        .flatten()
+    }
+
+    /// Runs `f` on the tool at `key`'s baseline, locked; made first if absent when the call
+    /// `learns` (and fewer than [`MAX_TOOLS`] are kept).
+    fn with<R>(
+        &self,
+        key: u64,
+        learns: bool,
+        f: impl FnOnce(&mut CommonBaseline) -> R,
+    ) -> Option<R> {
         let entry = match self.tools.get(key) {
             None if learns => self.tools.get_or_insert(key, MAX_TOOLS, Default::default),
             found => found,
-        };
-        let Some(entry) = entry else {
-            return Judged::default();
-        };
+        }?;
         let mut b = entry
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let before = b.value();
-        if learns {
-            b.record(now, client, secs);
-        }
-        Judged {
-            before,
-            after: b.value(),
-            others: b.seen_by_others(client),
-        }
+        Some(f(&mut b))
     }
 
     /// `tool`'s healthy latency, once learned.

@@ -93,8 +93,7 @@ impl Sampler {
         // Judged against what was learned before it, then taught.
         let baseline = self
             .tools
-            .judge(self.tools.key(tool), voter, now, secs, learns)
-            .before;
+            .before(self.tools.key(tool), voter, now, secs, learns);
         let slow = config.is_slow(secs, baseline);
         if cancelled {
             // A call its client gave up on ran at least this long: a censored latency sample,
