@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::snapshot::{Live, Part};
+use crate::snapshot::{Live, Part, Read};
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
@@ -234,7 +234,7 @@ struct State {
 
 impl State {
     /// The settings a request of `call` runs under: its snapshot's, else the layer's own.
-    fn config_for(&self, call: Option<&Call>) -> Arc<IdempotencyConfig> {
+    fn config_for<'a>(&self, call: Option<&'a Call>) -> Read<'a, IdempotencyConfig> {
         self.config.read(call.and_then(Call::snapshot))
     }
 }
@@ -284,7 +284,7 @@ impl IdempotencyLayer {
 
     /// The settings `call` runs under (its request's snapshot's).
     #[cfg(test)]
-    pub(crate) fn config_of(&self, call: &Call) -> Arc<IdempotencyConfig> {
+    pub(crate) fn config_of<'a>(&self, call: &'a Call) -> Read<'a, IdempotencyConfig> {
         self.shared.config_for(Some(call))
     }
 
@@ -432,15 +432,19 @@ where
             self.shared.unread.check(&req, "IdempotencyLayer");
         }
         let single = calls.and_then(Calls::single);
-        let config = self.shared.config_for(single);
         let listed = single
-            .filter(|c| c.tool.as_deref().is_some_and(|t| config.tools.contains(t)))
+            .filter(|c| {
+                let tools = &self.shared.config_for(Some(c)).tools;
+                c.tool.as_deref().is_some_and(|t| tools.contains(t))
+            })
             .cloned();
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let Some(call) = listed else {
             return ResponseFuture::inner(inner.call(req));
         };
+        // Kept by the future that waits for the first call.
+        let config = self.shared.config.read_shared(call.snapshot());
         let (parts, body) = req.into_parts();
         let key = parts
             .extensions

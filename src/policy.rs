@@ -4,7 +4,7 @@
 use crate::error::ConfigError;
 use std::sync::Arc;
 
-use crate::snapshot::{Live, Part, Snapshot};
+use crate::snapshot::{Live, Part, Read, Snapshot};
 use serde::{Deserialize, Serialize};
 
 /// The kill switch: how much of stormgate's protection runs.
@@ -168,12 +168,12 @@ impl Switch {
     }
 
     /// The policy a call runs under: its request's snapshot's, else the switch's now.
-    pub(crate) fn of(&self, call: &crate::Call) -> Arc<Policy> {
+    pub(crate) fn of<'a>(&self, call: &'a crate::Call) -> Read<'a, Policy> {
         self.read(call.snapshot())
     }
 
     /// The policy of this snapshot, else the switch's now.
-    pub(crate) fn read(&self, snapshot: Option<&Snapshot>) -> Arc<Policy> {
+    pub(crate) fn read<'a>(&self, snapshot: Option<&'a Snapshot>) -> Read<'a, Policy> {
         self.0.read(snapshot)
     }
 

@@ -45,10 +45,21 @@ impl<T: Send + Sync + 'static> Live<T> {
         self.own.store(value);
     }
 
-    /// The settings a request runs under: its snapshot's, else the stage's own.
-    pub(crate) fn read(&self, snapshot: Option<&Snapshot>) -> Arc<T> {
+    /// The settings a request runs under: its snapshot's (borrowed: no reference count is
+    /// touched, so the requests of every worker read one snapshot without writing to it),
+    /// else the stage's own.
+    pub(crate) fn read<'a>(&self, snapshot: Option<&'a Snapshot>) -> Read<'a, T> {
+        match snapshot.and_then(|s| s.get(self.id)) {
+            Some(settings) => Read::Snapshot(settings),
+            None => Read::Own(self.load()),
+        }
+    }
+
+    /// [`read`](Self::read), shared: for a future that keeps the settings past the request's
+    /// borrow.
+    pub(crate) fn read_shared(&self, snapshot: Option<&Snapshot>) -> Arc<T> {
         snapshot
-            .and_then(|s| s.get(self.id))
+            .and_then(|s| s.get_shared(self.id))
             .unwrap_or_else(|| self.load())
     }
 
@@ -61,6 +72,25 @@ impl<T: Send + Sync + 'static> Live<T> {
 impl<T: std::fmt::Debug> std::fmt::Debug for Live<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.own.load().fmt(f)
+    }
+}
+
+/// A stage's settings as a request reads them ([`Live::read`]).
+pub(crate) enum Read<'a, T> {
+    /// Its request's snapshot's.
+    Snapshot(&'a T),
+    /// The stage's own now (a request without a snapshot).
+    Own(Arc<T>),
+}
+
+impl<T> std::ops::Deref for Read<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        match self {
+            Read::Snapshot(settings) => settings,
+            Read::Own(settings) => settings,
+        }
     }
 }
 
@@ -82,9 +112,19 @@ impl Snapshot {
         }
     }
 
-    fn get<T: Send + Sync + 'static>(&self, id: u64) -> Option<Arc<T>> {
-        let Part(_, value) = self.parts.iter().find(|Part(i, _)| *i == id)?;
-        value.clone().downcast().ok()
+    fn part(&self, id: u64) -> Option<&Arc<dyn Any + Send + Sync>> {
+        self.parts
+            .iter()
+            .find(|Part(i, _)| *i == id)
+            .map(|Part(_, v)| v)
+    }
+
+    fn get<T: Send + Sync + 'static>(&self, id: u64) -> Option<&T> {
+        self.part(id)?.downcast_ref()
+    }
+
+    fn get_shared<T: Send + Sync + 'static>(&self, id: u64) -> Option<Arc<T>> {
+        self.part(id)?.clone().downcast().ok()
     }
 }
 

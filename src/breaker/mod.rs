@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::snapshot::{Live, Part};
+use crate::snapshot::{Live, Part, Read};
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -201,7 +201,7 @@ impl CircuitBreakers {
     }
 
     /// The settings `call` runs under (its request's snapshot's).
-    pub(crate) fn config_of(&self, call: &Call) -> Arc<BreakerConfig> {
+    pub(crate) fn config_of<'a>(&self, call: &'a Call) -> Read<'a, BreakerConfig> {
         self.inner.config.read(call.snapshot())
     }
 

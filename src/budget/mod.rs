@@ -73,7 +73,7 @@ use crate::metrics;
 use crate::outcome::{Observation, Observer};
 use crate::policy::{Mode, Policy, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
-use crate::snapshot::{Live, Part};
+use crate::snapshot::{Live, Part, Read};
 use arc_swap::ArcSwap;
 use fixed::Fixed;
 use global::Global;
@@ -356,7 +356,7 @@ impl Budget {
     }
 
     /// The settings `call` runs under (its request's snapshot's).
-    fn settings_of(&self, call: &Call) -> Arc<Settings> {
+    fn settings_of<'a>(&self, call: &'a Call) -> Read<'a, Settings> {
         self.inner.settings.read(call.snapshot())
     }
 

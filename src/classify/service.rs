@@ -65,7 +65,7 @@ where
         // The request runs under one snapshot of every stage's settings, taken at its head.
         let own = self.shared.load();
         let snapshot = own.snapshots.as_ref().map(|s| s.load_full());
-        let shared = self.shared.read(snapshot.as_deref());
+        let shared = self.shared.read_shared(snapshot.as_deref());
         let limit = shared.body_limit;
         let declared = req
             .headers()

@@ -18,7 +18,7 @@ use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use crate::snapshot::{Live, Part};
+use crate::snapshot::{Live, Part, Read};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -162,7 +162,7 @@ impl SessionGuard {
     }
 
     /// The settings `call` runs under (its request's snapshot's).
-    pub(crate) fn config_of(&self, call: &Call) -> Arc<SessionConfig> {
+    pub(crate) fn config_of<'a>(&self, call: &'a Call) -> Read<'a, SessionConfig> {
         self.inner.config.read(call.snapshot())
     }
 
