@@ -438,11 +438,13 @@ where
                 c.tool.as_deref().is_some_and(|t| tools.contains(t))
             })
             .cloned();
+        let Some(call) = listed else {
+            // Not a listed tool: the readied inner service, called in place.
+            return ResponseFuture::inner(self.inner.call(req));
+        };
+        // A listed call may wait for its key's first call: it takes the readied service.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let Some(call) = listed else {
-            return ResponseFuture::inner(inner.call(req));
-        };
         // Kept by the future that waits for the first call.
         let config = self.shared.config.read_shared(call.snapshot());
         let (parts, body) = req.into_parts();

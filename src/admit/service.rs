@@ -65,12 +65,13 @@ where
         self.inner.poll_ready(cx)
     }
 
+    // Admission is decided here, before `call` returns: the readied inner service is called
+    // in place, not cloned (a clone of the rest of the stack per call would be reference
+    // counts written on every worker, and an allocation for axum's boxed route).
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let Some(calls) = req.extensions().get::<Calls>() else {
             self.unread.check(&req, "AdmitLayer");
-            return ResponseFuture::inner(inner.call(req));
+            return ResponseFuture::inner(self.inner.call(req));
         };
         let mut rejected: Vec<(usize, Rejection)> = Vec::new();
         for (i, call) in calls.iter().enumerate() {
@@ -89,7 +90,7 @@ where
         match verdict::apply(req, &rejected) {
             Verdict::Answer(response) => ResponseFuture::own(response),
             Verdict::Forward { request, merge } => {
-                ResponseFuture::merged(inner.call(request), merge)
+                ResponseFuture::merged(self.inner.call(request), merge)
             }
         }
     }

@@ -68,9 +68,8 @@ where
         }
         let acquires = self.acquires(calls);
         if acquires.is_empty() {
-            let clone = self.inner.clone();
-            let mut inner = std::mem::replace(&mut self.inner, clone);
-            return ResponseFuture::inner(inner.call(req));
+            // Nothing to wait for: the readied inner service, called in place.
+            return ResponseFuture::inner(self.inner.call(req));
         }
         // A call that waits takes an unreadied clone and readies it after the wait, so no
         // readiness (a reserved slot of an inner limit) is held while it queues.
