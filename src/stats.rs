@@ -175,6 +175,16 @@ impl CommonBaseline {
         }
     }
 
+    /// The value before a call of `secs` seconds of `client` at `now`, which it then teaches
+    /// when it `learns`.
+    fn teach(&mut self, now: Duration, client: u64, secs: f64, learns: bool) -> Option<f64> {
+        let before = self.value();
+        if learns {
+            self.record(now, client, secs);
+        }
+        before
+    }
+
     /// The period in progress: the upper median of its clients' means (a selection, not a
     /// sort).
     fn upper_median(&self) -> Option<f64> {
@@ -267,16 +277,10 @@ impl ToolBaselines {
         secs: f64,
         learns: bool,
     ) -> Judged {
-        self.with(key, learns, |b| {
-            let before = b.value();
-            if learns {
-                b.record(now, client, secs);
-            }
-            Judged {
-                before,
-                after: b.value(),
-                others: b.seen_by_others(client),
-            }
+        self.with(key, learns, |b| Judged {
+            before: b.teach(now, client, secs, learns),
+            after: b.value(),
+            others: b.seen_by_others(client),
         })
         .unwrap_or_default()
     }
@@ -291,14 +295,8 @@ impl ToolBaselines {
         secs: f64,
         learns: bool,
     ) -> Option<f64> {
-        self.with(key, learns, |b| {
-            let before = b.value();
-            if learns {
-                b.record(now, client, secs);
-            }
-            before
-        })
-        .flatten()
+        self.with(key, learns, |b| b.teach(now, client, secs, learns))
+            .flatten()
     }
 
     /// Runs `f` on the tool at `key`'s baseline, locked; made first if absent when the call
