@@ -601,6 +601,11 @@ pub(crate) fn bounded_name(name: &Arc<str>) -> Arc<str> {
     }
 }
 
+/// Marks a request the whole stack lets by untouched (mode `off` with `off = "pass_through"`):
+/// the classifier does not read it, so no stage finds calls in it to count, charge or judge.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bypassed;
+
 /// Whether a stage that reads the classifier's output has seen a request no classify layer
 /// read: a POST without [`Calls`] or an [`Unclassified`] marker comes from a stack built in
 /// the wrong order. Logged once per layer.
@@ -612,7 +617,8 @@ impl Unread {
     /// layer that got it.
     pub(crate) fn check<B>(&self, req: &http::Request<B>, stage: &'static str) {
         let read = req.extensions().get::<Calls>().is_some()
-            || req.extensions().get::<Unclassified>().is_some();
+            || req.extensions().get::<Unclassified>().is_some()
+            || req.extensions().get::<Bypassed>().is_some();
         if req.method() == http::Method::POST
             && !read
             && !self.0.swap(true, std::sync::atomic::Ordering::Relaxed)

@@ -230,9 +230,16 @@ async fn off_passing_through_steps_the_whole_stack_aside_and_measuring_does_not(
         after["error"]["data"]["reason"], "global_budget_exceeded",
         "{after}"
     );
-    // Passing through: the stages see nothing, the server answers every call itself.
+    // Passing through: the stages see nothing, the server answers every call itself, and no
+    // stage takes the calls let by for a stack built in the wrong order.
+    let (logs, _guard) = common::Logs::capture();
     let (audited, last, after) = audited_in_off(Off::PassThrough, 5).await;
     assert_eq!(audited, 0, "no stage saw the calls");
+    assert!(
+        !logs.text().contains("no ClassifyLayer read"),
+        "{}",
+        logs.text()
+    );
     assert_eq!(last["result"]["isError"], false, "{last}");
     // Back in adaptive the stack runs again: the bucket of one, untouched while off, takes
     // one call and refuses the next.

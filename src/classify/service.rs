@@ -13,7 +13,7 @@ use tower::{BoxError, Service};
 use super::ResponseFuture;
 use super::gather::Gather;
 use super::layer::Settings;
-use crate::call::{Call, Calls, Meta, Unclassified};
+use crate::call::{Bypassed, Call, Calls, Meta, Unclassified};
 use crate::mcp::{self, ProtocolVersion};
 use crate::snapshot::{Live, Snapshot};
 
@@ -56,11 +56,9 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        // Keep the readied service for this request; the clone waits for the next poll_ready.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        if req.method() != Method::POST {
-            return ResponseFuture::call(inner.call(req.map(Body::new)));
+        if req.method() != Method::POST || req.extensions().get::<Bypassed>().is_some() {
+            // Nothing to read: the readied inner service, called in place.
+            return ResponseFuture::call(self.inner.call(req.map(Body::new)));
         }
         // The request runs under one snapshot of every stage's settings, taken at its head.
         let own = self.shared.load();
@@ -87,6 +85,10 @@ where
         if let Some(snapshot) = snapshot {
             parts.extensions.insert(snapshot);
         }
+        // The body is read first: this request takes the readied service, a clone waits for
+        // the next poll_ready.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::collect(
             Gather::new(Limited::new(body, limit)),
             parts,
