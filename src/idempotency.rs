@@ -234,8 +234,8 @@ struct State {
 
 impl State {
     /// The settings a request of `call` runs under: its snapshot's, else the layer's own.
-    fn config_for<'a>(&self, call: Option<&'a Call>) -> Read<'a, IdempotencyConfig> {
-        self.config.read(call.and_then(Call::snapshot))
+    fn config_for<'a>(&self, call: &'a Call) -> Read<'a, IdempotencyConfig> {
+        self.config.read(call.snapshot())
     }
 }
 
@@ -285,7 +285,7 @@ impl IdempotencyLayer {
     /// The settings `call` runs under (its request's snapshot's).
     #[cfg(test)]
     pub(crate) fn config_of<'a>(&self, call: &'a Call) -> Read<'a, IdempotencyConfig> {
-        self.shared.config_for(Some(call))
+        self.shared.config_for(call)
     }
 
     /// The layer's entry in a snapshot taken now.
@@ -434,7 +434,7 @@ where
         let single = calls.and_then(Calls::single);
         let listed = single
             .filter(|c| {
-                let tools = &self.shared.config_for(Some(c)).tools;
+                let tools = &self.shared.config_for(c).tools;
                 c.tool.as_deref().is_some_and(|t| tools.contains(t))
             })
             .cloned();
