@@ -1,7 +1,8 @@
 //! The admission layer's release paths around tower-test's mock service: an admitted call
 //! reaches the service and keeps its charge; a refused one never reaches it and is answered;
 //! a call a later stage refuses gets back what every earlier stage charged it; a batch is
-//! charged, refused and given back per call.
+//! charged, refused and given back per call; a call dropped while it waits for the service is
+//! never charged, and one dropped after it reached the service, or mid-answer, keeps its charge.
 
 mod common;
 
@@ -254,4 +255,56 @@ async fn a_tuple_of_admissions_is_one_stage_charging_all_or_none() {
         (1, 0),
         "refused by the second: the first's charge given back at once"
     );
+}
+
+/// A call dropped while the service behind is not ready was never admitted: nothing charged,
+/// nothing sent, and the next call runs once the service is ready. A call dropped after it
+/// reached the service keeps its charge (the work was started), and so does one whose answer
+/// is dropped while it streams.
+#[tokio::test]
+async fn a_call_dropped_while_waiting_is_never_charged_and_one_dropped_running_keeps_its_charge() {
+    let (first, second) = (units(5), units(5));
+    let (stack, mut handle) = stack(&first, &second);
+
+    handle.allow(0);
+    let waiting = tokio::spawn(stack.clone().oneshot(request(Some("s"), call(1))));
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!waiting.is_finished(), "it waits for the service");
+    assert_eq!((first.left(), second.left()), (5, 5), "nothing charged yet");
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    assert_eq!((first.left(), second.left()), (5, 5), "nothing charged");
+
+    handle.allow(2);
+    let running = tokio::spawn(stack.clone().oneshot(request(Some("s"), call(2))));
+    let (seen, _send) = handle.next_request().await.expect("it reached the service");
+    let seen = http_body_util::BodyExt::collect(seen.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let seen: Value = serde_json::from_slice(&seen).unwrap();
+    assert_eq!(seen["id"], 2, "the dropped call never reached the service");
+    running.abort();
+    assert!(running.await.unwrap_err().is_cancelled());
+    assert_eq!((first.left(), second.left()), (4, 4), "it ran: charged");
+
+    let streaming = tokio::spawn(stack.oneshot(request(Some("s"), call(3))));
+    let (_, send) = handle.next_request().await.expect("it reached the service");
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, BoxError>>(1);
+    let stream = futures::stream::unfold(rx, |mut rx| async { rx.recv().await.map(|c| (c, rx)) });
+    send.send_response(
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(Body::from_stream(stream))
+            .unwrap(),
+    );
+    let response = streaming.await.unwrap().unwrap();
+    tx.send(Ok(bytes::Bytes::from_static(b"{\"jsonrpc\":\"2.0\",")))
+        .await
+        .unwrap();
+    drop(response);
+    assert!(tx.is_closed(), "the answer was dropped mid-stream");
+    assert_eq!((first.left(), second.left()), (3, 3), "it ran: charged");
 }

@@ -282,3 +282,65 @@ async fn a_safe_call_that_failed_is_retried_once_and_nothing_else_is() {
     client.oneshot(request(http::Method::GET)).await.unwrap();
     assert_eq!(hits.load(Ordering::SeqCst), 1);
 }
+
+/// Every release path of the outbound limiter around tower-test's mock client, one place on
+/// one key: a request that runs holds the place until its response is dropped; one that waits
+/// and is dropped leaves the queue and never runs; one the full queue refuses never runs; one
+/// dropped while the upstream works gives its place to the next at once.
+#[tokio::test(start_paused = true)]
+async fn every_release_path_gives_the_place_back_once() {
+    let limiter = ResourceLimiter::builder()
+        .key(
+            "h",
+            ResourceLimits::default()
+                .max_concurrent(std::num::NonZeroUsize::MIN)
+                .max_queue_depth(1),
+        )
+        .build();
+    let (mock, mut handle) = tower_test::mock::pair::<Request<()>, Response<String>>();
+    let client = OutboundLimitLayer::new(limiter.clone())
+        .key_fn(|_uri: &http::Uri| "h".to_owned())
+        .layer(mock);
+    // The first runs; the second waits in the queue; the third finds it full.
+    let first = tokio::spawn(client.clone().oneshot(get("a")));
+    let (_, respond) = handle.next_request().await.expect("the first runs");
+    assert_eq!(limiter.in_flight("h"), 1);
+    let second = tokio::spawn(client.clone().oneshot(get("b")));
+    tokio::task::yield_now().await;
+    let refused = client.clone().oneshot(get("c")).await.unwrap_err();
+    assert!(
+        matches!(
+            refused.downcast_ref::<AcquireError>(),
+            Some(AcquireError::QueueFull { .. })
+        ),
+        "{refused}"
+    );
+
+    // The waiter goes away: it leaves the queue and never runs.
+    second.abort();
+    assert!(second.await.unwrap_err().is_cancelled());
+    respond.send_response(Response::new(String::from("one")));
+    let response = first.await.unwrap().unwrap();
+    assert_eq!(
+        limiter.in_flight("h"),
+        1,
+        "held until the response is dropped"
+    );
+    drop(response);
+    assert_eq!(limiter.in_flight("h"), 0);
+
+    // One dropped while the upstream works gives its place to the next at once.
+    let working = tokio::spawn(client.clone().oneshot(get("d")));
+    let (req, _respond) = handle.next_request().await.expect("it runs");
+    assert_eq!(req.uri().host(), Some("d"), "the dropped waiter never ran");
+    let next = tokio::spawn(client.clone().oneshot(get("e")));
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.in_flight("h"), 1);
+    working.abort();
+    assert!(working.await.unwrap_err().is_cancelled());
+    let (req, respond) = handle.next_request().await.expect("the next runs now");
+    assert_eq!(req.uri().host(), Some("e"));
+    respond.send_response(Response::new(String::from("e")));
+    drop(next.await.unwrap().unwrap());
+    assert_eq!(limiter.in_flight("h"), 0);
+}
