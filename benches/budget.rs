@@ -3,6 +3,7 @@
 
 use std::hint::black_box;
 use std::time::Duration;
+use stormgate::valid::Positive;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use stormgate::admit::Admission;
@@ -13,7 +14,7 @@ use stormgate::{Call, Tenant};
 fn budget() -> Budget {
     Budget::builder({
         let mut built = BudgetConfig::default(); // Large enough never to refuse: the cost of the decision itself is measured.
-        built.stable_budget = 1e12;
+        built.stable_budget = Positive::new(1e12).unwrap();
         built
     })
     .tenants({

@@ -9,6 +9,7 @@
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
+use stormgate::valid::Positive;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use stormgate::admit::Admission;
@@ -22,7 +23,7 @@ mod redis_support;
 fn budget(rate: f64, shared: Option<SharedBudget>) -> Budget {
     let mut b = Budget::builder({
         let mut built = BudgetConfig::default();
-        built.stable_budget = rate;
+        built.stable_budget = Positive::new(rate).unwrap();
         built
     })
     .tenants({

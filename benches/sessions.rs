@@ -3,6 +3,7 @@
 //! `cargo bench --bench sessions`. Also the resource key of large arguments.
 
 use std::hint::black_box;
+use stormgate::valid::{AtLeastOne, Positive};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use stormgate::admit::Admission;
@@ -13,10 +14,10 @@ use stormgate::{Call, SessionId};
 fn populated(sessions: usize) -> (SessionGuard, Call) {
     let guard = SessionGuard::new({
         let mut built = SessionConfig::default();
-        built.base_budget = 1e12;
-        built.burst = 1e12;
-        built.max_sessions = 2_000_000;
-        built.new_session_burst = 1e7;
+        built.base_budget = Positive::new(1e12).unwrap();
+        built.burst = Positive::new(1e12).unwrap();
+        built.max_sessions = std::num::NonZeroUsize::new(2_000_000).unwrap();
+        built.new_session_burst = AtLeastOne::new(1e7).unwrap();
         built
     })
     .unwrap();

@@ -35,6 +35,7 @@ use std::convert::Infallible;
 use std::hint::black_box;
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
+use stormgate::valid::{AtLeastOne, Positive};
 
 use axum::Router;
 use axum::body::Body;
@@ -150,13 +151,13 @@ fn inner_sse() -> Router {
 /// The whole stack's configuration, with every budget far above the offered rate.
 fn config() -> Config {
     let mut config = Config::default();
-    config.budget.stable_budget = HUGE;
+    config.budget.stable_budget = Positive::new(HUGE).unwrap();
     config.tenants.min_budget = Some(HUGE / 100.0);
-    config.sessions.base_budget = HUGE;
-    config.sessions.burst = HUGE;
+    config.sessions.base_budget = Positive::new(HUGE).unwrap();
+    config.sessions.burst = Positive::new(HUGE).unwrap();
     // Every session is accepted at its first answer, as a real server's sessions are at
     // `initialize`: the session table is measured, not the tenant's unverified pool.
-    config.sessions.new_session_burst = HUGE;
+    config.sessions.new_session_burst = AtLeastOne::new(HUGE).unwrap();
     config
 }
 
@@ -417,7 +418,7 @@ impl Workload {
 fn budget(tenants: bool, max_tenants: usize) -> Budget {
     Budget::builder({
         let mut built = BudgetConfig::default();
-        built.stable_budget = HUGE;
+        built.stable_budget = Positive::new(HUGE).unwrap();
         built
     })
     .tenants({
@@ -434,11 +435,11 @@ fn budget(tenants: bool, max_tenants: usize) -> Budget {
 fn guard(max: usize) -> SessionGuard {
     SessionGuard::new({
         let mut built = SessionConfig::default();
-        built.base_budget = HUGE;
-        built.burst = HUGE;
-        built.max_sessions = max;
-        built.max_tenants = max;
-        built.new_session_burst = HUGE;
+        built.base_budget = Positive::new(HUGE).unwrap();
+        built.burst = Positive::new(HUGE).unwrap();
+        built.max_sessions = std::num::NonZeroUsize::new(max).unwrap();
+        built.max_tenants = std::num::NonZeroUsize::new(max).unwrap();
+        built.new_session_burst = AtLeastOne::new(HUGE).unwrap();
         built
     })
     .unwrap()

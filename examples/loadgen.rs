@@ -47,6 +47,7 @@ mod app;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use stormgate::valid::Positive;
 
 use axum::Router;
 use axum::serve::ListenerExt;
@@ -352,10 +353,10 @@ fn config(mode: Mode, off: Off) -> Config {
     let mut config = Config::load(Path::new(app::CONFIG)).unwrap();
     config.mode = mode;
     config.off = off;
-    config.budget.stable_budget = 1e9;
+    config.budget.stable_budget = Positive::new(1e9).unwrap();
     config.tenants.min_budget = Some(1e7);
-    config.sessions.base_budget = 1e9;
-    config.sessions.burst = 1e9;
+    config.sessions.base_budget = Positive::new(1e9).unwrap();
+    config.sessions.burst = Positive::new(1e9).unwrap();
     config
 }
 

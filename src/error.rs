@@ -4,17 +4,20 @@ use std::borrow::Cow;
 use std::fmt;
 
 /// A configuration field that breaks a rule. `Display` gives `field: rule`, e.g.
-/// `budget.alpha: must be in (0, 1]`; tests and callers match the fields, not the text.
+/// `budget.floor: must not exceed stable_budget`; tests and callers match the fields, not the
+/// text. A field's own range is its type's ([`valid`](crate::valid)): code cannot set a value
+/// out of it, and a document that does is refused naming the field the same way.
 ///
 /// ```
 /// use stormgate::control::Config;
+/// use stormgate::valid::Positive;
 ///
 /// let mut config = Config::default();
-/// config.budget.alpha = 2.0;
+/// config.budget.floor = Some(Positive::new(5000.0).unwrap());
 /// let err = config.validate().unwrap_err();
-/// assert_eq!(err.field, "budget.alpha");
-/// assert_eq!(err.rule, "must be in (0, 1]");
-/// assert_eq!(err.to_string(), "budget.alpha: must be in (0, 1]");
+/// assert_eq!(err.field, "budget.floor");
+/// assert_eq!(err.rule, "must not exceed stable_budget");
+/// assert_eq!(err.to_string(), "budget.floor: must not exceed stable_budget");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

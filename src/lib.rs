@@ -29,6 +29,8 @@
 //! * [`control`]: the whole stack from one configuration, its kill switch and live reloads,
 //!   with one settings snapshot per request; [`stack`]: that stack as one tower layer over
 //!   any MCP service.
+//! * [`valid`]: the configuration's numbers and durations, which cannot hold a value out of
+//!   their range.
 //! * [`gateway`]: the stack in front of any streamable-HTTP MCP server, in any language: a
 //!   streaming proxy to the upstream (what the `stormgate` binary serves); [`serve`]: serving
 //!   with a bounded graceful drain on SIGTERM / SIGINT.
@@ -98,6 +100,7 @@ pub mod stack;
 mod stats;
 #[cfg(feature = "test-util")]
 mod test_util;
+pub mod valid;
 pub mod watched;
 
 pub use bounded::OVERFLOW;

@@ -2,6 +2,7 @@
 //! weights and refunds. Paused time where time matters: every figure is exact.
 
 use std::time::Duration;
+use stormgate::valid::{AtLeastOne, NonZeroDuration, Positive};
 
 use axum::body::Body;
 use http::Request;
@@ -210,7 +211,7 @@ async fn drive(budget: &Budget, rates: &[(&str, u64)], secs: u64) -> Vec<u64> {
 #[tokio::test(start_paused = true)]
 async fn a_hog_cannot_starve_light_tenants_and_uses_everything_alone() {
     let mut config = BudgetConfig::default();
-    config.stable_budget = 1000.0;
+    config.stable_budget = Positive::new(1000.0).unwrap();
     let budget = Budget::builder(config.clone())
         .tenants(tenants(20.0))
         .build();
@@ -240,7 +241,7 @@ async fn a_hog_cannot_starve_light_tenants_and_uses_everything_alone() {
 async fn the_guaranteed_minimum_holds_when_the_global_budget_is_spent() {
     let budget = Budget::builder({
         let mut built = BudgetConfig::default();
-        built.stable_budget = 1000.0;
+        built.stable_budget = Positive::new(1000.0).unwrap();
         built
     })
     .tenants(tenants(50.0))
@@ -288,8 +289,8 @@ async fn a_weight_50_tool_is_admitted_50_times_less_often() {
     for (tool, cost) in [("light", 1), ("heavy", 50)] {
         let budget = Budget::builder({
             let mut built = BudgetConfig::default();
-            built.stable_budget = 1000.0;
-            built.burst = Some(50.0);
+            built.stable_budget = Positive::new(1000.0).unwrap();
+            built.burst = Some(AtLeastOne::new(50.0).unwrap());
             built
         })
         .tenants({
@@ -323,8 +324,8 @@ async fn a_weight_50_tool_is_admitted_50_times_less_often() {
 async fn a_call_refused_by_a_later_stage_gets_its_charge_back() {
     let budget = Budget::builder({
         let mut built = BudgetConfig::default();
-        built.stable_budget = 10.0;
-        built.burst = Some(1.0);
+        built.stable_budget = Positive::new(10.0).unwrap();
+        built.burst = Some(AtLeastOne::new(1.0).unwrap());
         built
     })
     .tenants({
@@ -363,14 +364,14 @@ async fn a_call_refused_by_a_later_stage_gets_its_charge_back() {
 fn invalid_settings_are_refused_with_the_field_named() {
     let err = Budget::builder({
         let mut built = BudgetConfig::default();
-        built.alpha = 0.0;
+        built.floor = Some(Positive::new(5000.0).unwrap());
         built
     })
     .try_build()
     .unwrap_err();
     assert_eq!(
         (&*err.field, &*err.rule),
-        ("budget.alpha", "must be in (0, 1]")
+        ("budget.floor", "must not exceed stable_budget")
     );
     let err = Budget::builder(BudgetConfig::default())
         .tenants({
@@ -406,8 +407,8 @@ fn finish(budget: &Budget, n: usize, outcome: stormgate::outcome::Outcome, servi
 async fn calls_their_clients_gave_up_on_count_as_slow_not_as_errors() {
     use stormgate::outcome::Outcome;
     let mut config = BudgetConfig::default();
-    config.stable_budget = 1000.0;
-    config.target_p99 = Some(ms(500));
+    config.stable_budget = Positive::new(1000.0).unwrap();
+    config.target_p99 = Some(NonZeroDuration::new(ms(500)).unwrap());
     // Every call abandoned after 2 s: without the cancels there is no sample at all, and the
     // budget would stay at its stable value.
     let slow = Budget::builder(config.clone()).build();
@@ -656,7 +657,7 @@ async fn calls_on_ids_the_server_has_not_accepted_are_one_vote_on_a_tools_latenc
     // tenant pool it would be 1 ms, and every honest scan slow.
     let guard = SessionGuard::new({
         let mut built = SessionConfig::default();
-        built.max_sessions = 2;
+        built.max_sessions = std::num::NonZeroUsize::new(2).unwrap();
         built
     })
     .unwrap();

@@ -7,6 +7,7 @@ mod common;
 mod app;
 
 use std::time::Duration;
+use stormgate::valid::{AtLeastOne, NonZeroDuration, Positive};
 
 use common::{message, session, tool_call};
 use serde_json::json;
@@ -25,9 +26,9 @@ async fn a_sql_scan_burst_drives_the_budget_down_and_it_recovers_by_steps() {
         // 1000/s), so the burst reaches the backend and the controller has to find out.
         built.budget = {
             let mut built = BudgetConfig::default();
-            built.stable_budget = 5000.0;
-            built.burst = Some(2500.0);
-            built.target_p99 = Some(Duration::from_millis(1000));
+            built.stable_budget = Positive::new(5000.0).unwrap();
+            built.burst = Some(AtLeastOne::new(2500.0).unwrap());
+            built.target_p99 = Some(NonZeroDuration::new(Duration::from_millis(1000)).unwrap());
             built
         }; // One tenant only: its share would cap the burst at a tenth of a second of budget
         // (10 scans); here the global controller is under test.

@@ -13,13 +13,14 @@ mod app;
 
 use serde_json::Value;
 use stormgate::control::{Config, Control};
+use stormgate::valid::Positive;
 
 /// One session may make six quick calls, then one a second: the five tools once and a short
 /// storm of `cache_get` are enough to be refused.
 fn config(tool_result: bool) -> Config {
     let mut c = Config::default();
-    c.sessions.base_budget = 1.0;
-    c.sessions.burst = 6.0;
+    c.sessions.base_budget = Positive::new(1.0).unwrap();
+    c.sessions.burst = Positive::new(6.0).unwrap();
     c.rejection.tool_result = tool_result;
     c
 }

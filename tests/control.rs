@@ -7,6 +7,7 @@ mod app;
 
 use std::num::NonZeroUsize;
 use std::time::Duration;
+use stormgate::valid::Positive;
 
 use axum::body::Body;
 use common::{message, session, tool_call, until};
@@ -177,31 +178,34 @@ async fn an_invalid_reload_changes_nothing_and_a_valid_one_keeps_learned_state()
     let before = control.config();
 
     let mut bad = Config::default();
-    bad.sessions.window_size = Duration::ZERO;
+    bad.budget.floor = Some(Positive::new(5000.0).unwrap());
     let err = control.reload(bad).unwrap_err();
     let err = err.config_error().expect("a field breaks a rule");
     assert_eq!(
         (&*err.field, &*err.rule),
-        ("sessions.window_size_ms", "must be greater than 0")
+        ("budget.floor", "must not exceed stable_budget")
     );
     assert_eq!(control.config(), before, "nothing changed");
     assert_eq!(
         control.last_error().as_deref(),
-        Some("sessions.window_size_ms: must be greater than 0")
+        Some("budget.floor: must not exceed stable_budget")
     );
 
     let good = {
         let mut built = Config::default();
         built.budget = {
             let mut built = BudgetConfig::default();
-            built.stable_budget = 2000.0;
+            built.stable_budget = Positive::new(2000.0).unwrap();
             built
         };
         built.mode = Mode::Fixed;
         built
     };
     control.reload(good).unwrap();
-    assert_eq!(control.config().budget.stable_budget, 2000.0);
+    assert_eq!(
+        control.config().budget.stable_budget,
+        Positive::new(2000.0).unwrap()
+    );
     assert_eq!(control.policy().mode, Mode::Fixed);
     assert_eq!(
         control.budget().current(),
@@ -226,7 +230,10 @@ async fn a_watched_file_reloads_and_a_broken_one_is_reported() {
     )
     .unwrap();
     until("the reload", || control.policy().mode == Mode::Fixed).await;
-    assert_eq!(control.config().budget.stable_budget, 3000.0);
+    assert_eq!(
+        control.config().budget.stable_budget,
+        Positive::new(3000.0).unwrap()
+    );
 
     std::fs::write(&path, "mode = \"off\"\n[budget]\nalpha = 7\n").unwrap();
     until("the error report", || control.last_error().is_some()).await;
@@ -389,8 +396,8 @@ async fn flips_and_reloads_under_load_fail_no_call() {
         };
         built.sessions = {
             let mut built = SessionConfig::default();
-            built.base_budget = 2.0;
-            built.burst = 2.0;
+            built.base_budget = Positive::new(2.0).unwrap();
+            built.burst = Positive::new(2.0).unwrap();
             built
         };
         built.tenants = TenantConfig::default();
@@ -426,7 +433,7 @@ async fn flips_and_reloads_under_load_fail_no_call() {
         let before = control.config();
         if i % 2 == 0 {
             let mut bad = base.clone();
-            bad.budget.alpha = 1.5;
+            bad.budget.floor = Some(Positive::new(1.0e6).unwrap());
             assert!(control.reload(bad).is_err());
             assert_eq!(
                 control.config(),

@@ -9,6 +9,7 @@ mod redis_support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use stormgate::valid::{AtLeastOne, Positive};
 
 use redis_support::RedisServer;
 use stormgate::admit::Admission;
@@ -62,9 +63,10 @@ async fn node_with_minimum(config: Option<DistributedConfig>, min_budget: f64) -
     let shared = config.map(|c| SharedBudget::new(c).unwrap());
     let mut builder = Budget::builder({
         let mut built = BudgetConfig::default();
-        built.stable_budget = BUDGET; // A tenth of a second of burst (the default is a second): these tests measure the
+        built.stable_budget = Positive::new(BUDGET).unwrap();
+        // A tenth of a second of burst (the default is a second): these tests measure the
         // cluster's rate over windows of about a second.
-        built.burst = Some(BUDGET / 10.0);
+        built.burst = Some(AtLeastOne::new(BUDGET / 10.0).unwrap());
         built
     })
     .tenants({
@@ -505,8 +507,8 @@ async fn a_decrease_by_one_node_reaches_the_others_within_a_second() {
                 .reconfigure(
                     {
                         let mut built = BudgetConfig::default();
-                        built.stable_budget = lower;
-                        built.burst = Some(BUDGET / 10.0);
+                        built.stable_budget = Positive::new(lower).unwrap();
+                        built.burst = Some(AtLeastOne::new(BUDGET / 10.0).unwrap());
                         built
                     },
                     {
@@ -631,7 +633,7 @@ async fn a_node_without_a_proposal_yet_never_lowers_the_cluster_rate() {
     // Given a budget (and no ticker), it proposes the stable budget at once and admits.
     let budget = Budget::builder({
         let mut built = BudgetConfig::default();
-        built.stable_budget = BUDGET;
+        built.stable_budget = Positive::new(BUDGET).unwrap();
         built
     })
     .shared(late.clone())

@@ -11,6 +11,7 @@ mod redis_support;
 mod app;
 
 use std::time::{Duration, Instant};
+use stormgate::valid::{AtLeastOne, Positive};
 
 use common::{message, session, tool_call};
 use serde_json::json;
@@ -27,9 +28,10 @@ fn config(redis: Option<&str>, node: &str) -> Config {
         let mut built = Config::default();
         built.budget = {
             let mut built = BudgetConfig::default();
-            built.stable_budget = BUDGET; // A tenth of a second of burst (the default is a second): the cluster's rate is
+            built.stable_budget = Positive::new(BUDGET).unwrap();
+            // A tenth of a second of burst (the default is a second): the cluster's rate is
             // measured over windows of about a second.
-            built.burst = Some(BUDGET / 10.0);
+            built.burst = Some(AtLeastOne::new(BUDGET / 10.0).unwrap());
             built
         };
         built.tenants = {

@@ -1,6 +1,7 @@
 //! The session guard against four agent archetypes, in paused time: every figure is exact.
 
 use std::time::Duration;
+use stormgate::valid::{AtLeastOne, Fraction, Positive};
 
 use serde_json::json;
 use stormgate::admit::Admission;
@@ -17,8 +18,8 @@ fn ms(n: u64) -> Duration {
 fn guard() -> SessionGuard {
     guard_of({
         let mut built = SessionConfig::default();
-        built.base_budget = 2.0;
-        built.burst = 4.0;
+        built.base_budget = Positive::new(2.0).unwrap();
+        built.burst = Positive::new(4.0).unwrap();
         built
     })
 }
@@ -27,8 +28,8 @@ fn guard() -> SessionGuard {
 fn guard_of(config: SessionConfig) -> SessionGuard {
     SessionGuard::new({
         let mut built = config;
-        built.probation = 1.0;
-        built.new_session_burst = 1000.0;
+        built.probation = Fraction::new(1.0).unwrap();
+        built.new_session_burst = AtLeastOne::new(1000.0).unwrap();
         built
     })
     .unwrap()
@@ -348,8 +349,8 @@ async fn milliseconds_of_noise_on_a_fast_tool_are_not_slowness() {
 async fn work_slow_by_nature_is_not_distress_but_costs_the_time_it_holds() {
     let g = guard_of({
         let mut built = SessionConfig::default();
-        built.base_budget = 60.0;
-        built.burst = 120.0;
+        built.base_budget = Positive::new(60.0).unwrap();
+        built.burst = Positive::new(120.0).unwrap();
         built
     });
     let start = tokio::time::Instant::now();
@@ -430,8 +431,8 @@ async fn work_slow_by_nature_is_not_distress_but_costs_the_time_it_holds() {
 async fn the_time_of_a_call_on_a_fast_tool_is_counted_in_floors() {
     let g = guard_of({
         let mut built = SessionConfig::default();
-        built.base_budget = 1.0;
-        built.burst = 10.0;
+        built.base_budget = Positive::new(1.0).unwrap();
+        built.burst = Positive::new(10.0).unwrap();
         built
     });
     let start = tokio::time::Instant::now();
@@ -470,8 +471,8 @@ async fn the_time_of_a_call_on_a_fast_tool_is_counted_in_floors() {
 async fn a_client_flooding_fast_calls_does_not_make_everyone_else_slow() {
     let g = guard_of({
         let mut built = SessionConfig::default();
-        built.base_budget = 100.0;
-        built.burst = 100.0;
+        built.base_budget = Positive::new(100.0).unwrap();
+        built.burst = Positive::new(100.0).unwrap();
         built
     });
     let start = tokio::time::Instant::now();
@@ -503,9 +504,9 @@ async fn a_client_flooding_fast_calls_does_not_make_everyone_else_slow() {
 async fn unaccepted_ids_share_one_vote_on_a_tools_latency() {
     let g = guard_of({
         let mut built = SessionConfig::default();
-        built.base_budget = 100.0;
-        built.burst = 100.0;
-        built.max_sessions = 2;
+        built.base_budget = Positive::new(100.0).unwrap();
+        built.burst = Positive::new(100.0).unwrap();
+        built.max_sessions = std::num::NonZeroUsize::new(2).unwrap();
         built
     });
     let start = tokio::time::Instant::now();

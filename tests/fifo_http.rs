@@ -132,11 +132,19 @@ fn the_example_config_holds_the_seed_presets() {
 #[test]
 fn an_invalid_config_names_the_field() {
     let err = Config::from_toml("[fifo.keys.db]\nmax_concurrent = 0\n").unwrap_err();
-    // Rules serde checks (types that cannot hold the value): a TOML error naming the key.
-    assert!(matches!(err, ControlError::Toml(_)), "{err}");
-    assert!(err.to_string().contains("max_concurrent"), "{err}");
+    // Rules serde checks (types that cannot hold the value) name the field too.
+    let field = &err.config_error().expect("a field named").field;
+    assert_eq!(field, "fifo.keys.db.max_concurrent", "{err}");
     let err = Config::from_toml("[fifo.keys.db]\nmax_queue = 3\n").unwrap_err();
+    assert_eq!(
+        err.config_error().unwrap().field,
+        "fifo.keys.db.max_queue",
+        "{err}"
+    );
     assert!(err.to_string().contains("max_queue"), "{err}");
+    // Text that is not TOML: where it breaks.
+    let err = Config::from_toml("[fifo.keys.db\n").unwrap_err();
+    assert!(matches!(err, ControlError::Toml(_)), "{err}");
     let err = Config::from_toml("[fifo.keys.db]\nqueue_timeout_ms = 0\n").unwrap_err();
     let err = err.config_error().expect("a rule of validation");
     assert_eq!(err.field, "fifo.keys.db.queue_timeout_ms");

@@ -15,6 +15,7 @@
 mod common;
 
 use common::{client, echo_headers_upstream, json_of, rpc_post};
+use stormgate::valid::Positive;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -473,8 +474,8 @@ async fn ts_client(url: &str) -> Value {
 /// storm of `echo` are enough to be refused.
 fn storm_config() -> Config {
     let mut c = Config::default();
-    c.sessions.base_budget = 1.0;
-    c.sessions.burst = 6.0;
+    c.sessions.base_budget = Positive::new(1.0).unwrap();
+    c.sessions.burst = Positive::new(6.0).unwrap();
     c
 }
 
@@ -588,7 +589,7 @@ fn the_gateway_section_cannot_change_while_running_and_a_document_without_it_kee
     control
         .reload_document("[sessions]\nburst = 3.0\n", source.clone())
         .unwrap();
-    assert_eq!(control.config().sessions.burst, 3.0);
+    assert_eq!(control.config().sessions.burst, Positive::new(3.0).unwrap());
     let running = control.config().gateway.clone().unwrap();
     assert_eq!(
         running.upstream.as_deref(),
@@ -598,7 +599,7 @@ fn the_gateway_section_cannot_change_while_running_and_a_document_without_it_kee
     control
         .reload_document("[sessions]\nburst = 4.0\n[gateway]\n", source.clone())
         .unwrap();
-    assert_eq!(control.config().sessions.burst, 4.0);
+    assert_eq!(control.config().sessions.burst, Positive::new(4.0).unwrap());
     // A different upstream, or different timeouts: refused by name, the running one stays.
     for text in [
         "[sessions]\nburst = 5.0\n[gateway]\nupstream = \"http://127.0.0.1:9000/mcp\"\n",
@@ -608,7 +609,11 @@ fn the_gateway_section_cannot_change_while_running_and_a_document_without_it_kee
         let err = err.config_error().unwrap();
         assert_eq!(err.field, "gateway", "{text}: {err}");
         assert!(err.rule.contains("restart"), "{err}");
-        assert_eq!(control.config().sessions.burst, 4.0, "refused whole");
+        assert_eq!(
+            control.config().sessions.burst,
+            Positive::new(4.0).unwrap(),
+            "refused whole"
+        );
         assert_eq!(control.config().gateway.as_ref(), Some(&running));
     }
 }

@@ -11,6 +11,7 @@ use common::{message, session, tool_call};
 use http::Request;
 use serde_json::{Value, json};
 use stormgate::control::Config;
+use stormgate::valid::{AtLeastOne, Positive};
 use tower::ServiceExt;
 
 /// A POST of `body` on `session` that declares no protocol version (so a batch is read as one).
@@ -58,10 +59,10 @@ async fn calls_the_server_rejects_unrun_leave_every_bucket_full() {
     // The global budget and the session's own hold 10 each; a tenant share holds 100 ms of
     // its rate, too little to count a burst with.
     c.features.tenant_budgets = false;
-    c.budget.stable_budget = 10.0;
-    c.budget.burst = Some(10.0);
-    c.sessions.base_budget = 10.0;
-    c.sessions.burst = 10.0;
+    c.budget.stable_budget = Positive::new(10.0).unwrap();
+    c.budget.burst = Some(AtLeastOne::new(10.0).unwrap());
+    c.sessions.base_budget = Positive::new(10.0).unwrap();
+    c.sessions.burst = Positive::new(10.0).unwrap();
     let (router, _control) = app::protected(app::Backend::new(), c).unwrap();
     let sid = session(&router).await;
     // Off probation first (five healthy calls, paced), then every bucket full again.
@@ -182,10 +183,10 @@ async fn four_real_sessions(
 async fn a_flood_of_made_up_session_ids_changes_nothing_for_real_sessions() {
     let mut c = Config::default();
     c.features.tenant_budgets = false;
-    c.sessions.base_budget = 10.0;
-    c.sessions.burst = 10.0;
+    c.sessions.base_budget = Positive::new(10.0).unwrap();
+    c.sessions.burst = Positive::new(10.0).unwrap();
     // A small table, so the flood is 20x what it holds (and twice the audit's places).
-    c.sessions.max_sessions = 1000;
+    c.sessions.max_sessions = std::num::NonZeroUsize::new(1000).unwrap();
     let (router, control) = app::protected(app::Backend::new(), c.clone()).unwrap();
     let before = four_real_sessions(&router, &control).await;
     assert_eq!(before, (0, 4));
@@ -214,7 +215,7 @@ async fn new_tenants_do_not_overrun_the_global_budget() {
     use stormgate::budget::Budget;
     // The example's budget (1000/s), tenants (a minimum of 20/s each) and tool weights.
     let c = Config::from_toml(include_str!("../examples/stormgate.toml")).unwrap();
-    assert_eq!(c.budget.stable_budget, 1000.0);
+    assert_eq!(c.budget.stable_budget, Positive::new(1000.0).unwrap());
     let budget = Budget::builder(c.budget)
         .tenants(c.tenants)
         .costs(c.costs)
@@ -374,8 +375,8 @@ async fn a_fresh_self_declared_identity_per_call_is_no_escape() {
 async fn a_key_sent_twice_is_no_way_past_the_stack() {
     let mut c = Config::default();
     c.features.tenant_budgets = false;
-    c.budget.stable_budget = 1.0;
-    c.budget.burst = Some(1.0);
+    c.budget.stable_budget = Positive::new(1.0).unwrap();
+    c.budget.burst = Some(AtLeastOne::new(1.0).unwrap());
     let control = stormgate::control::Control::new(c).unwrap();
     // A server that reads bodies as JSON.parse does (last value wins) and runs every call.
     let ran = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));

@@ -12,6 +12,7 @@ use http::Request;
 use serde_json::{Value, json};
 use stormgate::control::{Config, Control, FixedLimits, IdentityConfig, Mode};
 use stormgate::idempotency::Missing;
+use stormgate::valid::Positive;
 use tower::ServiceExt;
 
 fn config() -> Config {
@@ -30,8 +31,8 @@ fn config() -> Config {
         built
     };
     config.idempotency.tools.insert("create_order".into());
-    config.sessions.base_budget = 1000.0;
-    config.sessions.burst = 1000.0;
+    config.sessions.base_budget = Positive::new(1000.0).unwrap();
+    config.sessions.burst = Positive::new(1000.0).unwrap();
     config
 }
 

@@ -9,6 +9,7 @@ mod app;
 use std::collections::BTreeSet;
 use std::num::NonZeroUsize;
 use std::time::Duration;
+use stormgate::valid::Positive;
 
 use common::{message, session, tool_call};
 use serde_json::{Value, json};
@@ -35,12 +36,12 @@ fn config(stage: Stage) -> Config {
     c.features.tenant_budgets = false;
     match stage {
         Stage::GlobalBudget => {
-            c.budget.stable_budget = 1.0;
+            c.budget.stable_budget = Positive::new(1.0).unwrap();
             c.fixed.global_rate = Some(1.0);
         }
         Stage::SessionGuard => {
-            c.sessions.base_budget = 1.0;
-            c.sessions.burst = 1.0;
+            c.sessions.base_budget = Positive::new(1.0).unwrap();
+            c.sessions.burst = Positive::new(1.0).unwrap();
             c.fixed.session_rate = Some(1.0);
         }
         Stage::Breaker => {
@@ -321,8 +322,8 @@ async fn a_switch_of_your_own_flips_the_stages_that_follow_it() {
     let guard = SessionGuard::with_switch(
         {
             let mut built = SessionConfig::default();
-            built.base_budget = 1.0;
-            built.burst = 1.0;
+            built.base_budget = Positive::new(1.0).unwrap();
+            built.burst = Positive::new(1.0).unwrap();
             built
         },
         switch.clone(),

@@ -2,6 +2,7 @@
 //! from the scrape by the exporter's idle timeout.
 
 use std::time::Duration;
+use stormgate::valid::{Fraction, Positive};
 
 use metrics_exporter_prometheus::PrometheusBuilder;
 use metrics_util::MetricKindMask;
@@ -33,9 +34,9 @@ fn a_session_that_leaves_the_top_n_leaves_the_scrape() {
         let g = SessionGuard::new({
             let mut built = SessionConfig::default();
             built.top_n = 1;
-            built.base_budget = 1000.0;
-            built.burst = 1000.0;
-            built.probation = 1.0;
+            built.base_budget = Positive::new(1000.0).unwrap();
+            built.burst = Positive::new(1000.0).unwrap();
+            built.probation = Fraction::new(1.0).unwrap();
             built
         })
         .unwrap();

@@ -12,6 +12,7 @@ mod app;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use stormgate::valid::{Fraction, Positive};
 
 use axum::Router;
 use axum::body::Body;
@@ -220,9 +221,9 @@ async fn three_tool_errors_among_twenty_calls_cut_nothing() {
 async fn a_burst_that_waits_its_hints_is_admitted_on_its_second_try() {
     // A session budget small enough to refuse a burst: 10 calls/s, a bucket of 10.
     let mut config = Config::default();
-    config.sessions.base_budget = 10.0;
-    config.sessions.burst = 10.0;
-    config.sessions.probation = 1.0;
+    config.sessions.base_budget = Positive::new(10.0).unwrap();
+    config.sessions.burst = Positive::new(10.0).unwrap();
+    config.sessions.probation = Fraction::new(1.0).unwrap();
     let (router, _control) = stack(config);
     let session = common::session(&router).await;
     let first = join_all((0..30).map(|i| {
@@ -330,8 +331,8 @@ fn stateless_call(token: &str, id: usize, query: &str) -> http::Request<Body> {
 #[tokio::test(start_paused = true)]
 async fn stateless_agents_with_their_own_tokens_are_their_own_sessions() {
     let mut config = Config::default();
-    config.sessions.base_budget = 10.0;
-    config.sessions.burst = 10.0;
+    config.sessions.base_budget = Positive::new(10.0).unwrap();
+    config.sessions.burst = Positive::new(10.0).unwrap();
     let control = Control::new(config).unwrap();
     let router = control.wrap(stateless_server());
     let send = |token: &'static str, id: usize| {
@@ -433,9 +434,9 @@ async fn caller(
 #[tokio::test(start_paused = true)]
 async fn a_client_ignoring_its_hints_is_scored_and_clients_honouring_them_are_not() {
     let mut config = Config::default();
-    config.sessions.base_budget = 10.0;
-    config.sessions.burst = 10.0;
-    config.sessions.probation = 1.0;
+    config.sessions.base_budget = Positive::new(10.0).unwrap();
+    config.sessions.burst = Positive::new(10.0).unwrap();
+    config.sessions.probation = Fraction::new(1.0).unwrap();
     let (router, control) = stack(config);
     let ignoring = common::session(&router).await;
     let honouring = common::session(&router).await;
@@ -475,8 +476,8 @@ async fn a_client_ignoring_its_hints_is_scored_and_clients_honouring_them_are_no
 async fn two_callers_retrying_their_refusals_at_once_are_scored_and_two_waiting_them_are_not() {
     let pair = |honours: bool| async move {
         let mut config = Config::default();
-        config.budget.stable_budget = 8.5;
-        config.sessions.probation = 1.0;
+        config.budget.stable_budget = Positive::new(8.5).unwrap();
+        config.sessions.probation = Fraction::new(1.0).unwrap();
         let (router, control) = stack(config);
         let session = common::session(&router).await;
         let pause = Duration::from_millis(200);
@@ -511,9 +512,9 @@ async fn two_callers_retrying_their_refusals_at_once_are_scored_and_two_waiting_
 #[tokio::test(start_paused = true)]
 async fn eight_callers_waiting_their_hints_are_not_scored() {
     let mut config = Config::default();
-    config.sessions.base_budget = 10.0;
-    config.sessions.burst = 10.0;
-    config.sessions.probation = 1.0;
+    config.sessions.base_budget = Positive::new(10.0).unwrap();
+    config.sessions.burst = Positive::new(10.0).unwrap();
+    config.sessions.probation = Fraction::new(1.0).unwrap();
     let (router, control) = stack(config);
     let session = common::session(&router).await;
     let reasons = join_all((0..8).map(|w| client_for(&router, &session, w, 10, true))).await;
@@ -533,8 +534,8 @@ async fn eight_callers_waiting_their_hints_are_not_scored() {
 #[tokio::test(start_paused = true)]
 async fn eight_new_callers_refused_before_any_ran_and_waiting_their_hints_are_not_scored() {
     let mut config = Config::default();
-    config.budget.stable_budget = 20.0;
-    config.sessions.probation = 1.0;
+    config.budget.stable_budget = Positive::new(20.0).unwrap();
+    config.sessions.probation = Fraction::new(1.0).unwrap();
     let (router, control) = stack(config);
     let hog = common::session(&router).await;
     let host = common::session(&router).await;
@@ -561,10 +562,10 @@ async fn eight_new_callers_refused_before_any_ran_and_waiting_their_hints_are_no
 #[tokio::test(start_paused = true)]
 async fn cut_clients_count_towards_the_fair_level_only_for_what_they_may_have() {
     let mut config = Config::default();
-    config.budget.stable_budget = 100.0;
-    config.sessions.base_budget = 100.0;
-    config.sessions.burst = 100.0;
-    config.sessions.probation = 1.0;
+    config.budget.stable_budget = Positive::new(100.0).unwrap();
+    config.sessions.base_budget = Positive::new(100.0).unwrap();
+    config.sessions.burst = Positive::new(100.0).unwrap();
+    config.sessions.probation = Fraction::new(1.0).unwrap();
     let (router, control) = stack(config);
     let swarm = [
         common::session(&router).await,

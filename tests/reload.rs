@@ -5,6 +5,7 @@
 mod common;
 
 use common::{Logs, until};
+use stormgate::valid::{Fraction, NonZeroDuration, Positive};
 
 use std::num::NonZeroUsize;
 use std::time::Duration;
@@ -34,8 +35,8 @@ fn cut_short(text: &str) -> &str {
 
 fn two_configs() -> (Config, Config) {
     let mut a = Config::default();
-    a.budget.stable_budget = 1000.0;
-    a.sessions.base_budget = 5.0;
+    a.budget.stable_budget = Positive::new(1000.0).unwrap();
+    a.sessions.base_budget = Positive::new(5.0).unwrap();
     a.breaker.window_calls = 20;
     a.idempotency.max_entries = 10;
     a.fifo.keys.insert(
@@ -43,8 +44,8 @@ fn two_configs() -> (Config, Config) {
         ResourceLimits::default().max_concurrent(NonZeroUsize::MIN),
     );
     let mut b = Config::default();
-    b.budget.stable_budget = 3000.0;
-    b.sessions.base_budget = 9.0;
+    b.budget.stable_budget = Positive::new(3000.0).unwrap();
+    b.sessions.base_budget = Positive::new(9.0).unwrap();
     b.breaker.window_calls = 30;
     b.idempotency.max_entries = 20;
     b.fifo.keys.insert(
@@ -104,14 +105,18 @@ fn a_refused_change_changes_nothing_and_says_which_field() {
     let control = Control::new(a.clone()).unwrap();
     type Change = fn(&mut Config);
     let cases: [(&str, Change); 4] = [
-        ("budget.alpha", |c| c.budget.alpha = 2.0),
+        ("budget.floor", |c| {
+            c.budget.floor = Some(Positive::new(1.0e6).unwrap())
+        }),
         ("budget.sample_interval_ms", |c| {
-            c.budget.sample_interval = Duration::from_millis(250)
+            c.budget.sample_interval = NonZeroDuration::new(Duration::from_millis(250)).unwrap()
         }),
         ("sessions.window_size_ms", |c| {
-            c.sessions.window_size = Duration::from_secs(30)
+            c.sessions.window_size = NonZeroDuration::new(Duration::from_secs(30)).unwrap()
         }),
-        ("sessions.buckets", |c| c.sessions.buckets += 1),
+        ("sessions.buckets", |c| {
+            c.sessions.buckets = c.sessions.buckets.saturating_add(1)
+        }),
     ];
     for (field, change) in cases {
         let mut next = b.clone();
@@ -125,7 +130,10 @@ fn a_refused_change_changes_nothing_and_says_which_field() {
     control.reload(b.clone()).unwrap();
     assert_eq!(control.last_error(), None);
     assert_whole(&control, &a, &b);
-    assert_eq!(control.budget().config().0.stable_budget, 3000.0);
+    assert_eq!(
+        control.budget().config().0.stable_budget,
+        Positive::new(3000.0).unwrap()
+    );
 }
 
 #[test]
@@ -239,7 +247,7 @@ async fn admin_changes_go_through_the_one_reload_counted_kept_and_logged() {
     // PATCH changes exactly what it names; the token stays.
     let (status, _, body) = send(&admin, "PATCH", "/config", ok, "[budget]\nalpha = 0.35\n").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(control.config().budget.alpha, 0.35);
+    assert_eq!(control.config().budget.alpha, Fraction::new(0.35).unwrap());
     assert_eq!(
         {
             let mut built = Config::clone(&control.config());

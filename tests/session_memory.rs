@@ -2,6 +2,7 @@
 //! The README quotes the figure this test pins.
 
 use std::alloc::System;
+use stormgate::valid::AtLeastOne;
 
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use stormgate::admit::Admission;
@@ -21,7 +22,7 @@ fn bytes_per_tracked_session() {
     let _enter = rt.enter();
     let g = SessionGuard::new({
         let mut built = SessionConfig::default();
-        built.new_session_burst = 1e6;
+        built.new_session_burst = AtLeastOne::new(1e6).unwrap();
         built
     })
     .unwrap();

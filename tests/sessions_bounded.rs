@@ -3,6 +3,7 @@
 //! never accepted are not stored at all.
 
 use std::time::Duration;
+use stormgate::valid::{AtLeastOne, NonZeroDuration, Positive};
 
 use stormgate::admit::Admission;
 use stormgate::entropy::{SessionConfig, SessionGuard};
@@ -24,9 +25,9 @@ fn call(session: &str) -> Call {
 async fn a_million_idle_sessions_are_all_swept_after_the_ttl() {
     let g = SessionGuard::new({
         let mut built = SessionConfig::default();
-        built.max_sessions = 1_000_000;
-        built.new_session_burst = 2e6;
-        built.idle_ttl = Duration::from_secs(300);
+        built.max_sessions = std::num::NonZeroUsize::new(1_000_000).unwrap();
+        built.new_session_burst = AtLeastOne::new(2e6).unwrap();
+        built.idle_ttl = NonZeroDuration::new(Duration::from_secs(300)).unwrap();
         built
     })
     .unwrap();
@@ -46,11 +47,11 @@ async fn a_million_idle_sessions_are_all_swept_after_the_ttl() {
 async fn the_cap_holds_and_a_busy_session_survives_a_flood() {
     let g = SessionGuard::new({
         let mut built = SessionConfig::default();
-        built.max_sessions = 1000;
-        built.idle_ttl = Duration::from_secs(60);
-        built.base_budget = 1000.0;
-        built.burst = 1000.0;
-        built.new_session_burst = 1e6;
+        built.max_sessions = std::num::NonZeroUsize::new(1000).unwrap();
+        built.idle_ttl = NonZeroDuration::new(Duration::from_secs(60)).unwrap();
+        built.base_budget = Positive::new(1000.0).unwrap();
+        built.burst = Positive::new(1000.0).unwrap();
+        built.new_session_burst = AtLeastOne::new(1e6).unwrap();
         built
     })
     .unwrap();
@@ -102,8 +103,8 @@ async fn ids_the_server_never_accepted_are_not_stored() {
 async fn a_tenant_starts_new_sessions_at_its_newcomer_rate() {
     let g = SessionGuard::new({
         let mut built = SessionConfig::default();
-        built.new_session_burst = 10.0;
-        built.new_session_rate = 0.2;
+        built.new_session_burst = AtLeastOne::new(10.0).unwrap();
+        built.new_session_rate = Positive::new(0.2).unwrap();
         built
     })
     .unwrap();

@@ -611,7 +611,7 @@ impl Report {
     /// The stable global budget of the policy's configuration, cost units per second (`None`
     /// under a peer).
     pub(crate) fn stable_budget(&self) -> Option<f64> {
-        self.policy.config().map(|c| c.budget.stable_budget)
+        self.policy.config().map(|c| c.budget.stable_budget.get())
     }
 
     /// The lowest global budget sampled over the run (`None` under a peer: it has none).

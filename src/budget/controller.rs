@@ -34,6 +34,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::stats::Ewma;
+use crate::valid::{AtLeastOne, Factor, Fraction, NonZeroDuration, Positive, Share};
+use std::num::NonZeroU32;
 
 /// Settings of the adaptive global budget. Budgets are in cost units per second (a call of
 /// weight 50 costs 50 units).
@@ -42,25 +44,25 @@ use crate::stats::Ewma;
 #[non_exhaustive]
 pub struct BudgetConfig {
     /// The budget when the backend is healthy, and the ceiling of recovery. Default 1000.
-    pub stable_budget: f64,
+    pub stable_budget: Positive,
     /// The lowest the budget goes. Default 10% of `stable_budget` (stormgate's choice).
-    pub floor: Option<f64>,
+    pub floor: Option<Positive>,
     /// Bucket size in cost units: how much may be spent at once. Default `stable_budget` (one
     /// second of it, as governor's quotas default their burst to their rate), at least the
     /// largest tool weight: a calm newcomer's first call of every tool fits.
-    pub burst: Option<f64>,
+    pub burst: Option<AtLeastOne>,
     /// Tick length (`sample_interval_ms`). Default 100 ms.
-    #[serde(rename = "sample_interval_ms", with = "crate::duration_ms")]
-    pub sample_interval: Duration,
+    #[serde(rename = "sample_interval_ms")]
+    pub sample_interval: NonZeroDuration,
     /// EWMA smoothing, in (0, 1]. Default 0.4, in the middle of the usual 0.3 to 0.5.
-    pub alpha: f64,
+    pub alpha: Fraction,
     /// A call slower than this is slow, whatever its tool (`target_p99_ms`). Absent (the
     /// default): each call is judged against its own tool's healthy latency instead.
-    #[serde(rename = "target_p99_ms", with = "crate::duration_ms::opt")]
-    pub target_p99: Option<Duration>,
+    #[serde(rename = "target_p99_ms")]
+    pub target_p99: Option<NonZeroDuration>,
     /// Without `target_p99`, a call is slow above this multiple of its tool's healthy latency
     /// (`Baseline`). Default 2.0 (stormgate's choice).
-    pub latency_tolerance: f64,
+    pub latency_tolerance: Positive,
     /// Without `target_p99`, a call at most this much over its tool's healthy latency is never
     /// slow, whatever the ratio (`latency_floor_ms`): a millisecond of scheduling noise on a
     /// 1.5 ms tool is not distress. Default 5 ms.
@@ -68,35 +70,35 @@ pub struct BudgetConfig {
     pub latency_floor: Duration,
     /// Unhealthy when the median client's smoothed share of failed calls exceeds this.
     /// Default 0.1 (stormgate's choice; a typical storm drops success from 97% to 62%).
-    pub max_error_rate: f64,
+    pub max_error_rate: Share,
     /// Unhealthy when the median client's smoothed share of slow calls exceeds this.
     /// Default 0.1 (stormgate's choice).
-    pub max_slow_rate: f64,
+    pub max_slow_rate: Share,
     /// Multiplier applied on an unhealthy tick, in (0, 1). Default 0.7 (stormgate's choice,
     /// as TCP CUBIC).
-    pub decrease_factor: f64,
+    pub decrease_factor: Factor,
     /// Healthy ticks in a row before recovery starts. Default 3.
-    pub recover_after: u32,
+    pub recover_after: NonZeroU32,
     /// Additive step per further healthy tick. Default 5% of `stable_budget`, the cautious end
     /// of a 5-10% step.
-    pub recover_step: Option<f64>,
+    pub recover_step: Option<Positive>,
 }
 
 impl Default for BudgetConfig {
     fn default() -> Self {
         BudgetConfig {
-            stable_budget: 1000.0,
+            stable_budget: Positive::of(1000.0),
             floor: None,
             burst: None,
-            sample_interval: Duration::from_millis(100),
-            alpha: 0.4,
+            sample_interval: NonZeroDuration::of(Duration::from_millis(100)),
+            alpha: Fraction::of(0.4),
             target_p99: None,
-            latency_tolerance: 2.0,
+            latency_tolerance: Positive::of(2.0),
             latency_floor: Duration::from_millis(5),
-            max_error_rate: 0.1,
-            max_slow_rate: 0.1,
-            decrease_factor: 0.7,
-            recover_after: 3,
+            max_error_rate: Share::of(0.1),
+            max_slow_rate: Share::of(0.1),
+            decrease_factor: Factor::of(0.7),
+            recover_after: NonZeroU32::new(3).unwrap(),
             recover_step: None,
         }
     }
@@ -105,21 +107,23 @@ impl Default for BudgetConfig {
 impl BudgetConfig {
     /// The floor in effect.
     pub fn floor(&self) -> f64 {
-        self.floor.unwrap_or(self.stable_budget * 0.1)
+        self.floor
+            .map_or(self.stable_budget.get() * 0.1, Positive::get)
     }
 
     /// The recovery step in effect.
     pub fn recover_step(&self) -> f64 {
-        self.recover_step.unwrap_or(self.stable_budget * 0.05)
+        self.recover_step
+            .map_or(self.stable_budget.get() * 0.05, Positive::get)
     }
 
     /// Whether a call of `secs` is slow, given its tool's healthy latency (`None`: not learned
     /// yet, so nothing is slow but what passes `target_p99`).
     pub fn is_slow(&self, secs: f64, baseline: Option<f64>) -> bool {
         match (self.target_p99, baseline) {
-            (Some(target), _) => secs > target.as_secs_f64(),
+            (Some(target), _) => secs > target.get().as_secs_f64(),
             (None, Some(b)) => {
-                secs > (b * self.latency_tolerance).max(b + self.latency_floor.as_secs_f64())
+                secs > (b * self.latency_tolerance.get()).max(b + self.latency_floor.as_secs_f64())
             }
             (None, None) => false,
         }
@@ -128,72 +132,18 @@ impl BudgetConfig {
     /// The bucket size in effect, given the largest tool weight.
     pub fn burst(&self, max_weight: u32) -> f64 {
         self.burst
-            .unwrap_or(self.stable_budget)
+            .map_or(self.stable_budget.get(), AtLeastOne::get)
             .max(f64::from(max_weight))
             .max(1.0)
     }
 
-    /// Checks every rule; the error names the field and the rule.
+    /// Checks the rule between fields (each field's own range is its type's); the error
+    /// names the field and the rule.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let positive = |name: &str, v: f64| {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err(ConfigError::new(
-                    format!("budget.{name}"),
-                    "must be greater than 0",
-                ))
-            }
-        };
-        positive("stable_budget", self.stable_budget)?;
-        positive("floor", self.floor())?;
-        positive("recover_step", self.recover_step())?;
-        positive("latency_tolerance", self.latency_tolerance)?;
-        if self.floor() > self.stable_budget {
+        if self.floor() > self.stable_budget.get() {
             return Err(ConfigError::new(
                 "budget.floor",
                 "must not exceed stable_budget",
-            ));
-        }
-        if self.burst.is_some_and(|b| !(b.is_finite() && b >= 1.0)) {
-            return Err(ConfigError::new("budget.burst", "must be at least 1"));
-        }
-        if self.sample_interval.is_zero() {
-            return Err(ConfigError::new(
-                "budget.sample_interval_ms",
-                "must be greater than 0",
-            ));
-        }
-        if !(self.alpha > 0.0 && self.alpha <= 1.0) {
-            return Err(ConfigError::new("budget.alpha", "must be in (0, 1]"));
-        }
-        for (name, v) in [
-            ("max_error_rate", self.max_error_rate),
-            ("max_slow_rate", self.max_slow_rate),
-        ] {
-            if !(0.0..=1.0).contains(&v) {
-                return Err(ConfigError::new(
-                    format!("budget.{name}"),
-                    "must be in [0, 1]",
-                ));
-            }
-        }
-        if !(self.decrease_factor > 0.0 && self.decrease_factor < 1.0) {
-            return Err(ConfigError::new(
-                "budget.decrease_factor",
-                "must be in (0, 1)",
-            ));
-        }
-        if self.recover_after == 0 {
-            return Err(ConfigError::new(
-                "budget.recover_after",
-                "must be at least 1",
-            ));
-        }
-        if self.target_p99.is_some_and(|t| t.is_zero()) {
-            return Err(ConfigError::new(
-                "budget.target_p99_ms",
-                "must be greater than 0",
             ));
         }
         Ok(())
@@ -266,12 +216,12 @@ impl Controller {
     pub fn new(config: BudgetConfig) -> Self {
         let alpha = config.alpha;
         Controller {
-            budget: config.stable_budget,
-            rate: Ewma::new(alpha),
-            in_flight: Ewma::new(alpha),
-            error_rate: Ewma::with_prior(alpha, 0.0),
-            slow_rate: Ewma::with_prior(alpha, 0.0),
-            p99: Ewma::new(alpha),
+            budget: config.stable_budget.get(),
+            rate: Ewma::new(alpha.get()),
+            in_flight: Ewma::new(alpha.get()),
+            error_rate: Ewma::with_prior(alpha.get(), 0.0),
+            slow_rate: Ewma::with_prior(alpha.get(), 0.0),
+            p99: Ewma::new(alpha.get()),
             streak: 0,
             distress: 0.0,
             config,
@@ -290,13 +240,15 @@ impl Controller {
 
     /// Takes new settings, keeping what was learned; the budget is clamped to the new range.
     pub fn reconfigure(&mut self, config: BudgetConfig) {
-        self.budget = self.budget.clamp(config.floor(), config.stable_budget);
+        self.budget = self
+            .budget
+            .clamp(config.floor(), config.stable_budget.get());
         self.config = config;
     }
 
     /// Folds in one tick and moves the budget.
     pub fn tick(&mut self, stats: TickStats) -> Health {
-        let secs = self.config.sample_interval.as_secs_f64();
+        let secs = self.config.sample_interval.get().as_secs_f64();
         let rate = self.rate.update(stats.admitted_cost / secs);
         let in_flight = self.in_flight.update(stats.in_flight as f64);
         let error_rate = self.error_rate.update(stats.failed_share);
@@ -305,24 +257,25 @@ impl Controller {
             Some(p) => self.p99.update(p.as_secs_f64()),
             None => self.p99.value().unwrap_or(0.0),
         };
-        let healthy =
-            error_rate <= self.config.max_error_rate && slow_rate <= self.config.max_slow_rate;
-        let distress = (error_rate / self.config.max_error_rate.max(1e-9))
-            .max(slow_rate / self.config.max_slow_rate.max(1e-9));
+        let healthy = error_rate <= self.config.max_error_rate.get()
+            && slow_rate <= self.config.max_slow_rate.get();
+        let distress = (error_rate / self.config.max_error_rate.get().max(1e-9))
+            .max(slow_rate / self.config.max_slow_rate.get().max(1e-9));
         let improving = distress < self.distress;
         self.distress = distress;
         if healthy {
             self.streak += 1;
-            if self.streak >= self.config.recover_after {
+            if self.streak >= self.config.recover_after.get() {
                 self.budget =
-                    (self.budget + self.config.recover_step()).min(self.config.stable_budget);
+                    (self.budget + self.config.recover_step()).min(self.config.stable_budget.get());
             }
         } else {
             self.streak = 0;
             // Cut while it gets worse (or stays as bad); while it improves, the last cut is
             // still taking effect (the shares remember about a second): hold.
             if !improving {
-                self.budget = (self.budget * self.config.decrease_factor).max(self.config.floor());
+                self.budget =
+                    (self.budget * self.config.decrease_factor.get()).max(self.config.floor());
             }
         }
         Health {
@@ -358,36 +311,41 @@ mod tests {
     #[test]
     fn defaults_follow_the_seed_and_validate() {
         let c = BudgetConfig::default();
-        assert_eq!(c.sample_interval, Duration::from_millis(100));
-        assert_eq!(c.alpha, 0.4);
-        assert_eq!(c.recover_after, 3);
+        assert_eq!(
+            c.sample_interval,
+            NonZeroDuration::new(Duration::from_millis(100)).unwrap()
+        );
+        assert_eq!(c.alpha, Fraction::new(0.4).unwrap());
+        assert_eq!(c.recover_after.get(), 3);
         assert_eq!(c.recover_step(), 50.0);
         c.validate().unwrap();
     }
 
     #[test]
-    fn validation_names_the_field() {
-        let bad = |f: fn(&mut BudgetConfig)| {
-            let mut c = BudgetConfig::default();
-            f(&mut c);
-            c.validate().unwrap_err().to_string()
+    fn a_value_out_of_range_is_refused_naming_the_field() {
+        let bad = |budget: serde_json::Value| {
+            crate::control::Config::read(serde_json::json!({ "budget": budget }))
+                .and_then(|c| Ok(c.validate()?))
+                .unwrap_err()
+                .to_string()
         };
-        assert_eq!(bad(|c| c.alpha = 0.0), "budget.alpha: must be in (0, 1]");
-        assert_eq!(bad(|c| c.alpha = 1.5), "budget.alpha: must be in (0, 1]");
+        let alpha = "budget.alpha: must be in (0, 1]";
+        assert_eq!(bad(serde_json::json!({"alpha": 0.0})), alpha);
+        assert_eq!(bad(serde_json::json!({"alpha": 1.5})), alpha);
         assert_eq!(
-            bad(|c| c.decrease_factor = 1.0),
+            bad(serde_json::json!({"decrease_factor": 1.0})),
             "budget.decrease_factor: must be in (0, 1)"
         );
         assert_eq!(
-            bad(|c| c.floor = Some(5000.0)),
+            bad(serde_json::json!({"floor": 5000.0})),
             "budget.floor: must not exceed stable_budget"
         );
-        assert_eq!(
-            bad(|c| c.recover_after = 0),
-            "budget.recover_after: must be at least 1"
+        assert!(
+            bad(serde_json::json!({"recover_after": 0})).starts_with("budget.recover_after: "),
+            "a NonZeroU32"
         );
         assert_eq!(
-            bad(|c| c.sample_interval = Duration::ZERO),
+            bad(serde_json::json!({"sample_interval_ms": 0})),
             "budget.sample_interval_ms: must be greater than 0"
         );
     }
@@ -395,7 +353,7 @@ mod tests {
     #[test]
     fn an_unhealthy_tick_resets_the_streak_to_zero() {
         let mut c = Controller::new(BudgetConfig {
-            target_p99: Some(Duration::from_millis(500)),
+            target_p99: Some(NonZeroDuration::new(Duration::from_millis(500)).unwrap()),
             ..BudgetConfig::default()
         });
         for _ in 0..5 {
@@ -421,7 +379,7 @@ mod tests {
         assert!(c.is_slow(0.401, Some(0.2)));
         // A target applies to every tool alike.
         let t = BudgetConfig {
-            target_p99: Some(Duration::from_millis(300)),
+            target_p99: Some(NonZeroDuration::new(Duration::from_millis(300)).unwrap()),
             ..BudgetConfig::default()
         };
         assert!(t.is_slow(0.301, None));

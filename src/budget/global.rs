@@ -38,11 +38,11 @@ impl Global {
     pub(super) fn new(config: &BudgetConfig, burst: u64) -> Self {
         let stable = config.stable_budget;
         Global {
-            bucket: Gcra::new(interval_for_rate(stable), burst),
+            bucket: Gcra::new(interval_for_rate(stable.get()), burst),
             sampler: Sampler::new(),
             controller: Mutex::new(Controller::new(config.clone())),
             health: Mutex::new(Health {
-                budget: stable,
+                budget: stable.get(),
                 ..Health::default()
             }),
             trend: Mutex::new(Trend::default()),
@@ -71,7 +71,7 @@ impl Global {
         if policy.features.adaptive_budget {
             self.health().budget
         } else {
-            config.stable_budget
+            config.stable_budget.get()
         }
     }
 
@@ -87,7 +87,7 @@ impl Global {
     pub(super) fn apply(&self, now: u64, policy: &Policy, config: &BudgetConfig) {
         if !policy.features.adaptive_budget {
             self.bucket
-                .set_interval(now, interval_for_rate(config.stable_budget));
+                .set_interval(now, interval_for_rate(config.stable_budget.get()));
         }
     }
 
@@ -107,7 +107,7 @@ impl Global {
         config: &BudgetConfig,
         divisor: f64,
     ) -> Health {
-        let stats = self.sampler.take(config.sample_interval);
+        let stats = self.sampler.take(config.sample_interval.get());
         let health = self
             .controller
             .lock()
@@ -122,7 +122,12 @@ impl Global {
             .trend
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .update(elapsed, before.budget, health.budget, config.stable_budget);
+            .update(
+                elapsed,
+                before.budget,
+                health.budget,
+                config.stable_budget.get(),
+            );
         match phase {
             Some(Phase::Cut) => tracing::warn!(
                 from = before.budget,

@@ -28,9 +28,10 @@
 //! use stormgate::Call;
 //! use stormgate::admit::Admission;
 //! use stormgate::budget::{Budget, BudgetConfig};
+//! use stormgate::valid::Positive;
 //!
 //! let mut config = BudgetConfig::default();
-//! config.stable_budget = 100.0;
+//! config.stable_budget = Positive::new(100.0).unwrap();
 //! let budget = Budget::builder(config).build();
 //! let _ticker = budget.spawn_ticker();
 //! assert!(budget.admit(&Call::request("tools/call").with_tool("cache_get")).is_ok());
@@ -118,7 +119,7 @@ struct Settings {
 impl Settings {
     fn new(config: BudgetConfig, tenants: TenantConfig, costs: &CostConfig) -> Self {
         Settings {
-            min_budget: tenants.min_budget(config.stable_budget),
+            min_budget: tenants.min_budget(config.stable_budget.get()),
             max_weight: costs.max_possible_weight(),
             config,
             tenants,
@@ -216,8 +217,8 @@ impl BudgetBuilder {
                 applied: ArcSwap::new(self.switch.load()),
                 switch: self.switch,
                 global: Global::new(&settings.config, burst),
-                tenants: Tenants::new(stable, self.labels),
-                fixed: Fixed::new(stable, burst),
+                tenants: Tenants::new(stable.get(), self.labels),
+                fixed: Fixed::new(stable.get(), burst),
                 leases: self.leases,
                 costs: Arc::new(Costs::new(self.costs)),
                 client_keys: ClientKeys::default(),
@@ -229,7 +230,7 @@ impl BudgetBuilder {
             budget.inner.client_keys.follow(sessions);
         }
         budget.apply_policy();
-        budget.inner.leases.start(stable); // until the first tick
+        budget.inner.leases.start(stable.get()); // until the first tick
         budget
     }
 }
@@ -423,7 +424,7 @@ impl Budget {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         let every = self.inner.settings.load().config.sample_interval;
         tokio::spawn(async move {
-            let mut interval = tokio::time::interval_at(Instant::now() + every, every);
+            let mut interval = tokio::time::interval_at(Instant::now() + every.get(), every.get());
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 interval.tick().await;

@@ -177,7 +177,7 @@ impl Tenants {
             // never pass the budget and its burst, tests/hostile.rs).
             under_share: AtomicBool::new(true),
             tick: Mutex::new(TenantTick {
-                demand: Ewma::new(st.config.alpha),
+                demand: Ewma::new(st.config.alpha.get()),
                 idle: 0,
                 allocation: rate,
             }),
@@ -204,7 +204,7 @@ impl Tenants {
         st: &Settings,
         clients: &mut HashMap<u64, Vec<f64>>,
     ) {
-        let secs = st.config.sample_interval.as_secs_f64();
+        let secs = st.config.sample_interval.get().as_secs_f64();
         let idle_ticks = st.tenants.idle_ticks;
         let mut active = Vec::with_capacity(self.map.len());
         self.map.retain(|t| {
@@ -329,7 +329,7 @@ mod tests {
                 config.weights.insert(format!("t{t}"), f64::from(*weight));
             }
             let settings = Settings::new(BudgetConfig::default(), config, &CostConfig::default());
-            let secs = settings.config.sample_interval.as_secs_f64();
+            let secs = settings.config.sample_interval.get().as_secs_f64();
             // A tenant's demand as its tick reads it: the whole units asked within the tick.
             let fed = |d: u32| (f64::from(d) * secs) as u64;
             let all = Tenants::new(budget, Arc::new(metrics::Labels::default()));

@@ -1,7 +1,7 @@
 //! One configuration for the whole stack, validated as a whole.
 
 use crate::error::ConfigError;
-#[cfg(feature = "toml")]
+#[cfg(any(feature = "toml", test))]
 use crate::error::ControlError;
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +17,34 @@ use crate::fifo::FifoConfig;
 use crate::gateway::GatewayConfig;
 use crate::idempotency::IdempotencyConfig;
 use crate::rejection::RejectionFormat;
+
+/// The error of a document's deserializer, as the rule a field breaks.
+#[cfg(any(feature = "toml", test))]
+pub(crate) trait DocumentError: Into<ControlError> {
+    /// What the value breaks, without where in the text it is.
+    fn rule(&self) -> String;
+}
+
+#[cfg(feature = "toml")]
+impl DocumentError for toml::de::Error {
+    fn rule(&self) -> String {
+        self.message().to_owned()
+    }
+}
+
+#[cfg(any(feature = "toml", test))]
+impl DocumentError for serde_json::Error {
+    fn rule(&self) -> String {
+        let text = self.to_string();
+        match self.line() {
+            0 => text,
+            line => {
+                let at = format!(" at line {line} column {}", self.column());
+                text.strip_suffix(&at).unwrap_or(&text).to_owned()
+            }
+        }
+    }
+}
 
 /// Every parameter of every stage (TOML file, or built in code). Each section has its
 /// documented defaults; absent optional limits mean that dimension is off.
@@ -233,9 +261,26 @@ impl Config {
     /// `toml`).
     #[cfg(feature = "toml")]
     pub fn from_toml(text: &str) -> Result<Config, ControlError> {
-        let config: Config = toml::from_str(text)?;
+        let config = Config::read(toml::Deserializer::parse(text)?)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// Reads a configuration from a document (TOML or JSON, not validated yet). A value its
+    /// field's type cannot hold (out of range, of the wrong type, an unknown key inside a
+    /// section) is refused naming the field: `budget.alpha: must be in (0, 1]`.
+    #[cfg(any(feature = "toml", test))]
+    pub(crate) fn read<'de, D>(document: D) -> Result<Config, ControlError>
+    where
+        D: serde::Deserializer<'de>,
+        D::Error: DocumentError,
+    {
+        serde_path_to_error::deserialize(document).map_err(|e| {
+            if e.path().iter().next().is_none() {
+                return e.into_inner().into();
+            }
+            ConfigError::new(e.path().to_string(), e.inner().rule()).into()
+        })
     }
 
     /// Reads, parses and validates a TOML file (feature `toml`).

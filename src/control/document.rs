@@ -13,7 +13,6 @@
 //!   RFC 7386: objects merge key by key, `null` resets a key to its default, anything else
 //!   replaces), so it changes exactly what it names.
 
-use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::Config;
@@ -43,7 +42,7 @@ impl Document {
                 Some(_) => return Err(not_a_bool().into()),
             };
             let keys = map.keys().cloned().collect();
-            let config = serde_json::from_value(Value::Object(map))?;
+            let config = Config::read(Value::Object(map))?;
             return Ok(Document {
                 config,
                 keys,
@@ -53,8 +52,8 @@ impl Document {
         let mut table: toml::Table = toml::from_str(text)?;
         let (replace, config) = match table.remove("replace") {
             // Straight from the text: its errors say where.
-            None => (false, toml::from_str(text)?),
-            Some(toml::Value::Boolean(b)) => (b, Config::deserialize(table.clone())?),
+            None => (false, Config::read(toml::Deserializer::parse(text)?)?),
+            Some(toml::Value::Boolean(b)) => (b, Config::read(table.clone())?),
             Some(_) => return Err(not_a_bool().into()),
         };
         Ok(Document {
@@ -116,7 +115,7 @@ pub(crate) fn merge_patch(running: &Config, text: &str) -> Result<Config, Contro
     }
     let mut value = serde_json::to_value(running)?;
     merge(&mut value, patch);
-    let mut config: Config = serde_json::from_value(value)?;
+    let mut config = Config::read(value)?;
     if config.admin.token.is_none() {
         config.admin.token.clone_from(&running.admin.token);
     }
@@ -147,6 +146,7 @@ fn merge(target: &mut Value, patch: Value) {
 mod tests {
     use super::*;
     use crate::control::Mode;
+    use crate::valid::Fraction;
 
     fn example() -> Config {
         let text = include_str!("../../examples/stormgate.toml");
@@ -166,7 +166,7 @@ mod tests {
         let running = example();
         let patched = merge_patch(&running, "mode = \"fixed\"\n[budget]\nalpha = 0.4\n").unwrap();
         assert_eq!(patched.mode, Mode::Fixed);
-        assert_eq!(patched.budget.alpha, 0.4);
+        assert_eq!(patched.budget.alpha, Fraction::new(0.4).unwrap());
         assert_eq!(patched.budget.stable_budget, running.budget.stable_budget);
         assert_eq!(patched.fifo, running.fifo);
         let reset = merge_patch(&running, r#"{"fifo": null}"#).unwrap();
@@ -175,8 +175,11 @@ mod tests {
             merge_patch(&running, "  "),
             Err(ControlError::Empty)
         ));
+        // A value of the wrong type names its field.
+        let err = merge_patch(&running, "[budget]\nalpha = \"x\"\n").unwrap_err();
+        assert_eq!(err.config_error().unwrap().field, "budget.alpha", "{err}");
         assert!(matches!(
-            merge_patch(&running, "[budget]\nalpha = \"x\"\n"),
+            merge_patch(&running, "{\"budget\": "),
             Err(ControlError::Json(_))
         ));
     }

@@ -551,17 +551,18 @@ fn prepare(running: &Config, mut next: Config, source: &Source) -> Result<Prepar
 mod tests {
     use super::*;
     use crate::call::Call;
+    use crate::valid::Positive;
 
     /// Two configurations that differ in every stage's settings.
     fn two_configs() -> (Config, Config) {
         let mut a = Config::default();
-        a.budget.stable_budget = 1000.0;
-        a.sessions.base_budget = 5.0;
+        a.budget.stable_budget = Positive::new(1000.0).unwrap();
+        a.sessions.base_budget = Positive::new(5.0).unwrap();
         a.breaker.window_calls = 20;
         a.idempotency.max_entries = 10;
         let mut b = Config::default();
-        b.budget.stable_budget = 3000.0;
-        b.sessions.base_budget = 9.0;
+        b.budget.stable_budget = Positive::new(3000.0).unwrap();
+        b.sessions.base_budget = Positive::new(9.0).unwrap();
         b.breaker.window_calls = 30;
         b.idempotency.max_entries = 20;
         (a, b)

@@ -57,7 +57,7 @@
 //! let shared = SharedBudget::new(config).unwrap();
 //! shared.ready(Duration::from_secs(1)).await; // optional: admission works in the meantime
 //! let mut config = BudgetConfig::default();
-//! config.stable_budget = 1000.0;
+//! config.stable_budget = stormgate::valid::Positive::new(1000.0).unwrap();
 //! let budget = Budget::builder(config)
 //!     .shared(shared.clone())
 //!     .build();

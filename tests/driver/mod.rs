@@ -5,6 +5,7 @@
 
 use std::num::NonZeroUsize;
 use std::time::Duration;
+use stormgate::valid::{AtLeastOne, Positive};
 
 use axum::Router;
 use axum::body::Body;
@@ -37,8 +38,8 @@ pub fn config() -> Config {
         let mut built = Config::default();
         built.budget = {
             let mut built = BudgetConfig::default();
-            built.stable_budget = 100.0;
-            built.burst = Some(8.0);
+            built.stable_budget = Positive::new(100.0).unwrap();
+            built.burst = Some(AtLeastOne::new(8.0).unwrap());
             built
         };
         built.tenants = {
@@ -48,8 +49,8 @@ pub fn config() -> Config {
         };
         built.sessions = {
             let mut built = SessionConfig::default();
-            built.base_budget = 5.0;
-            built.burst = 5.0;
+            built.base_budget = Positive::new(5.0).unwrap();
+            built.burst = Positive::new(5.0).unwrap();
             built
         };
         built.fixed = FixedLimits {

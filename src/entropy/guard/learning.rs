@@ -81,21 +81,22 @@ impl SessionGuard {
             && self.inner.switch.of(o.call).mode == Mode::Adaptive
         {
             let extra = f64::from(o.call.cost.max(1)) * (secs - c) / c.max(floor).max(1e-6);
-            s.tokens = (s.tokens - extra).max(-config.burst);
-            s.consumed += extra / config.window_size.as_secs_f64();
+            s.tokens = (s.tokens - extra).max(-config.burst.get());
+            s.consumed += extra / config.window_size.get().as_secs_f64();
         }
-        if cancelled && ratio <= config.latency_tolerance {
+        if cancelled && ratio <= config.latency_tolerance.get() {
             // A call its client gave up on ran at least this long: evidence of slowness when
             // that is already too slow, of nothing otherwise.
             return;
         }
-        let healthy = !cancelled && !o.outcome.is_failure() && ratio <= config.latency_tolerance;
+        let healthy =
+            !cancelled && !o.outcome.is_failure() && ratio <= config.latency_tolerance.get();
         s.finished += 1;
         s.errors
             .update(if o.outcome.is_failure() { 1.0 } else { 0.0 });
         if o.outcome.is_failure() {
             s.failures
-                .add(self.now(), config.window_size.as_secs_f64(), 1.0);
+                .add(self.now(), config.window_size.get().as_secs_f64(), 1.0);
         }
         s.latency.update(ratio);
         if s.pool || s.probation.is_some() {
@@ -104,14 +105,14 @@ impl SessionGuard {
             s.trust = if healthy {
                 (s.trust * 2.0).min(1.0)
             } else {
-                (s.trust / 2.0).max(config.probation)
+                (s.trust / 2.0).max(config.probation.get())
             };
         }
         // Probation ends after `min_calls` finished calls, healthy: the full rate, and the
         // newcomer place goes back to the tenant. A session not healthy by then keeps the
         // place until it is swept.
-        let well = s.errors.value().unwrap_or(0.0) <= config.error_tolerance
-            && s.latency.value().unwrap_or(1.0) <= config.latency_tolerance;
+        let well = s.errors.value().unwrap_or(0.0) <= config.error_tolerance.get()
+            && s.latency.value().unwrap_or(1.0) <= config.latency_tolerance.get();
         if s.finished >= u64::from(config.min_calls)
             && well
             && let Some(pool) = s.probation.take()
@@ -154,7 +155,7 @@ impl Observer for SessionGuard {
             return;
         }
         let now = self.now();
-        let window = config.window_size.as_secs_f64();
+        let window = config.window_size.get().as_secs_f64();
         let before = matches!(r.scope(), Scope::Global | Scope::Tenant);
         let key = if before { self.resource_key(call) } else { 0 };
         let entry = self.state(call);

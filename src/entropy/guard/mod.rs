@@ -169,13 +169,17 @@ impl SessionGuard {
     fn session(id: SessionId, config: &SessionConfig, now: u64) -> Session {
         Session {
             id,
-            window: SessionWindow::new(config.window_size, config.buckets, config.max_keys),
+            window: SessionWindow::new(
+                config.window_size.get(),
+                config.buckets.get(),
+                config.max_keys.get(),
+            ),
             // Priors: healthy until shown otherwise.
             errors: Ewma::with_prior(HEALTH_ALPHA, 0.0),
             latency: Ewma::with_prior(HEALTH_ALPHA, 1.0),
             entropy_baseline: Ewma::new(BASELINE_ALPHA),
             own: OwnBaselines::default(),
-            tokens: config.burst,
+            tokens: config.burst.get(),
             factor: 1.0,
             score: 0.0,
             last: now,
@@ -258,7 +262,7 @@ impl SessionGuard {
         let now = self.now();
         let pools = &self.inner.pools;
         pools
-            .get_or_insert(pools.key(tenant.as_str()), config.max_tenants, || {
+            .get_or_insert(pools.key(tenant.as_str()), config.max_tenants.get(), || {
                 Arc::new(Pool::new(tenant, &config, now))
             })
             .unwrap_or_else(|| self.inner.overflow.clone())
@@ -291,9 +295,9 @@ impl SessionGuard {
         if !pool.admit_newcomer(now, &config) {
             return false;
         }
-        let made = sessions.get_or_insert(key, config.max_sessions, || {
+        let made = sessions.get_or_insert(key, config.max_sessions.get(), || {
             let mut s = Self::session(session.clone(), &config, now);
-            s.trust = config.probation;
+            s.trust = config.probation.get();
             s.probation = Some(pool.clone());
             Arc::new(Mutex::new(s))
         });
@@ -348,7 +352,7 @@ impl SessionGuard {
         let allowance = match state {
             Some(s) if config.enabled => {
                 let s = lock(&s);
-                config.base_budget * s.factor * s.trust
+                config.base_budget.get() * s.factor * s.trust
             }
             _ => f64::INFINITY,
         };
@@ -384,7 +388,8 @@ impl SessionGuard {
 
     fn summarize(&self, s: &Session) -> SessionSummary {
         SessionSummary {
-            call_rate: s.window.total() as f64 / self.inner.config.load().window_size.as_secs_f64(),
+            call_rate: s.window.total() as f64
+                / self.inner.config.load().window_size.get().as_secs_f64(),
             session: s.id.to_string(),
             score: s.score,
             entropy: s.window.entropy(),
@@ -400,7 +405,7 @@ impl SessionGuard {
     pub(crate) fn sweep_idle(&self) -> usize {
         let now = self.now();
         let config = self.inner.config.load();
-        let ttl = u64::try_from(config.idle_ttl.as_nanos()).unwrap_or(u64::MAX);
+        let ttl = u64::try_from(config.idle_ttl.get().as_nanos()).unwrap_or(u64::MAX);
         let before = self.inner.sessions.len();
         let n = config.top_n;
         let mut top: Vec<SessionSummary> = Vec::with_capacity(n + 1);
@@ -455,7 +460,7 @@ impl SessionGuard {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         let every = self.inner.config.load().window_size;
         tokio::spawn(async move {
-            let mut interval = tokio::time::interval_at(Instant::now() + every, every);
+            let mut interval = tokio::time::interval_at(Instant::now() + every.get(), every.get());
             loop {
                 interval.tick().await;
                 let Some(inner) = weak.upgrade() else {
@@ -485,7 +490,7 @@ impl Admission for SessionGuard {
         let first = s.calls == 0;
         s.calls += 1;
         s.last = now;
-        let window = config.window_size.as_secs_f64();
+        let window = config.window_size.get().as_secs_f64();
         s.arrive(now, window, key, weight_of(call, &config));
         let (signals, tolerances) = s.signals(now, &config);
         let t = &tolerances;
@@ -500,7 +505,11 @@ impl Admission for SessionGuard {
         let evidence =
             s.finished >= u64::from(config.min_calls) || signals.ignored_hints > t.ignored_hints;
         let target = if policy.features.entropy_penalty && evidence {
-            budget_factor(s.score, config.entropy_coefficient, config.min_factor)
+            budget_factor(
+                s.score,
+                config.entropy_coefficient.get(),
+                config.min_factor.get(),
+            )
         } else {
             1.0
         };
@@ -509,7 +518,7 @@ impl Admission for SessionGuard {
         s.factor = if target <= s.factor || first {
             target
         } else if healthy || !policy.features.entropy_penalty {
-            (s.factor + config.recover_step * dt).min(target)
+            (s.factor + config.recover_step.get() * dt).min(target)
         } else {
             s.factor
         };
@@ -521,9 +530,12 @@ impl Admission for SessionGuard {
                 Some(rate) => (rate, Reason::FixedLimitExceeded),
                 None => return Ok(SessionPermit(None)),
             },
-            Mode::Adaptive => (config.base_budget * s.factor, Reason::SessionBudgetExceeded),
+            Mode::Adaptive => (
+                config.base_budget.get() * s.factor,
+                Reason::SessionBudgetExceeded,
+            ),
         };
-        let cap = (config.burst * rate / config.base_budget).max(cost);
+        let cap = (config.burst.get() * rate / config.base_budget.get()).max(cost);
         // On probation (slow start): a full bucket, refilled at `trust` of the rate. A fixed
         // limit is the same for everyone.
         let trust = if policy.mode == Mode::Adaptive {
@@ -533,7 +545,7 @@ impl Admission for SessionGuard {
         };
         s.tokens = (s.tokens + rate * trust * dt).min(cap);
         // Consumption: admitted cost per second, decaying over one window.
-        let tau = config.window_size.as_secs_f64();
+        let tau = config.window_size.get().as_secs_f64();
         s.consumed *= (-dt / tau).exp();
         if s.tokens >= cost {
             s.tokens -= cost;
@@ -573,7 +585,7 @@ impl Admission for SessionGuard {
         if let Some((entry, cost)) = &permit.0 {
             let mut s = lock(entry);
             s.tokens += cost;
-            s.consumed -= cost / self.inner.config.load().window_size.as_secs_f64();
+            s.consumed -= cost / self.inner.config.load().window_size.get().as_secs_f64();
         }
     }
 }

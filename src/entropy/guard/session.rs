@@ -94,10 +94,10 @@ impl Pool {
         let id = SessionId::new(format!("{UNVERIFIED_PREFIX}{tenant}"));
         let mut state = SessionGuard::session(id, config, now);
         state.pool = true;
-        state.trust = config.probation;
+        state.trust = config.probation.get();
         Pool {
             state: Arc::new(Mutex::new(state)),
-            newcomers: Mutex::new((config.new_session_burst, now)),
+            newcomers: Mutex::new((config.new_session_burst.get(), now)),
         }
     }
 
@@ -109,7 +109,7 @@ impl Pool {
             .unwrap_or_else(PoisonError::into_inner);
         let dt = Duration::from_nanos(now.saturating_sub(a.1)).as_secs_f64();
         a.1 = now;
-        a.0 = (a.0 + config.new_session_rate * dt).min(config.new_session_burst);
+        a.0 = (a.0 + config.new_session_rate.get() * dt).min(config.new_session_burst.get());
         if a.0 >= 1.0 {
             a.0 -= 1.0;
             true
@@ -124,7 +124,7 @@ impl Pool {
             .newcomers
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        a.0 = (a.0 + 1.0).min(config.new_session_burst);
+        a.0 = (a.0 + 1.0).min(config.new_session_burst.get());
     }
 }
 
@@ -211,7 +211,7 @@ impl Session {
 
     /// What its score is computed from now, and the tolerances it is judged by.
     pub(super) fn signals(&self, now: u64, config: &SessionConfig) -> (Signals, Tolerances) {
-        let window = config.window_size.as_secs_f64();
+        let window = config.window_size.get().as_secs_f64();
         let signals = Signals {
             entropy: self.window.entropy(),
             entropy_baseline: self.entropy_baseline.value(),
@@ -223,8 +223,8 @@ impl Session {
                 / self.asked.at(now, window).max(HINTS_IGNORED_ALLOWED),
         };
         let tolerances = Tolerances {
-            error_rate: config.error_tolerance,
-            latency_ratio: config.latency_tolerance,
+            error_rate: config.error_tolerance.get(),
+            latency_ratio: config.latency_tolerance.get(),
             ignored_hints: HINTS_IGNORED_ALLOWED,
         };
         (signals, tolerances)
