@@ -3,7 +3,7 @@
 
 use std::hint::black_box;
 use std::time::Duration;
-use stormgate::valid::Positive;
+use stormgate::valid::{NonNegative, Positive};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use stormgate::admit::Admission;
@@ -19,8 +19,8 @@ fn budget() -> Budget {
     })
     .tenants({
         let mut built = TenantConfig::default();
-        built.min_budget = Some(1e6);
-        built.max_tenants = 100_000;
+        built.min_budget = Some(NonNegative::new(1e6).unwrap());
+        built.max_tenants = std::num::NonZeroUsize::new(100_000).unwrap();
         built
     })
     .build()

@@ -9,7 +9,7 @@
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
-use stormgate::valid::Positive;
+use stormgate::valid::{NonNegative, Positive};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use stormgate::admit::Admission;
@@ -28,7 +28,7 @@ fn budget(rate: f64, shared: Option<SharedBudget>) -> Budget {
     })
     .tenants({
         let mut built = TenantConfig::default();
-        built.min_budget = Some(0.0);
+        built.min_budget = Some(NonNegative::new(0.0).unwrap());
         built
     });
     if let Some(s) = shared {

@@ -35,7 +35,7 @@ use std::convert::Infallible;
 use std::hint::black_box;
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
-use stormgate::valid::{AtLeastOne, Positive};
+use stormgate::valid::{AtLeastOne, NonNegative, Positive};
 
 use axum::Router;
 use axum::body::Body;
@@ -152,7 +152,7 @@ fn inner_sse() -> Router {
 fn config() -> Config {
     let mut config = Config::default();
     config.budget.stable_budget = Positive::new(HUGE).unwrap();
-    config.tenants.min_budget = Some(HUGE / 100.0);
+    config.tenants.min_budget = Some(NonNegative::new(HUGE / 100.0).unwrap());
     config.sessions.base_budget = Positive::new(HUGE).unwrap();
     config.sessions.burst = Positive::new(HUGE).unwrap();
     // Every session is accepted at its first answer, as a real server's sessions are at
@@ -424,8 +424,8 @@ fn budget(tenants: bool, max_tenants: usize) -> Budget {
     .tenants({
         let mut built = TenantConfig::default();
         built.enabled = tenants;
-        built.min_budget = Some(HUGE / 100.0);
-        built.max_tenants = max_tenants;
+        built.min_budget = Some(NonNegative::new(HUGE / 100.0).unwrap());
+        built.max_tenants = std::num::NonZeroUsize::new(max_tenants).unwrap();
         built
     })
     .build()

@@ -47,7 +47,7 @@ mod app;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use stormgate::valid::Positive;
+use stormgate::valid::{NonNegative, Positive};
 
 use axum::Router;
 use axum::serve::ListenerExt;
@@ -354,7 +354,7 @@ fn config(mode: Mode, off: Off) -> Config {
     config.mode = mode;
     config.off = off;
     config.budget.stable_budget = Positive::new(1e9).unwrap();
-    config.tenants.min_budget = Some(1e7);
+    config.tenants.min_budget = Some(NonNegative::new(1e7).unwrap());
     config.sessions.base_budget = Positive::new(1e9).unwrap();
     config.sessions.burst = Positive::new(1e9).unwrap();
     config

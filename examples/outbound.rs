@@ -13,6 +13,7 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use stormgate::valid::NonZeroDuration;
 
 use axum::Router;
 use axum::body::Body;
@@ -57,7 +58,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 .min_interval(Duration::from_millis(250))
                 .max_concurrent(NonZeroUsize::MIN)
                 .max_queue_depth(8)
-                .queue_timeout(Duration::from_secs(10)),
+                .queue_timeout(NonZeroDuration::new(Duration::from_secs(10)).unwrap()),
         )
         .build();
     let client = Client::builder(TokioExecutor::new()).build_http::<Body>();

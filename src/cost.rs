@@ -11,7 +11,12 @@
 //! [`Call::cost`](crate::Call), and every budget charges it.
 
 use crate::error::ConfigError;
+use crate::valid::OutOfRange;
+use serde::Serializer;
+use serde::de::{self, Deserializer, Visitor};
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -23,22 +28,82 @@ use serde::{Deserialize, Serialize};
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::stats::Ewma;
 
-/// A tool's weight in config: a number, or `"auto"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
+/// A tool's weight in config: a whole number of cost units, at least 1, or `"auto"`.
+///
+/// ```
+/// use stormgate::cost::Weight;
+///
+/// assert_eq!(Weight::fixed(50).unwrap(), serde_json::from_str("50").unwrap());
+/// assert_eq!(Weight::Auto, serde_json::from_str(r#""auto""#).unwrap());
+/// assert!(Weight::fixed(0).is_err());
+/// let err = serde_json::from_str::<Weight>("0").unwrap_err();
+/// assert!(err.to_string().starts_with(r#"must be at least 1, or "auto""#), "{err}");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Weight {
-    /// A fixed weight (>= 1).
-    Fixed(u32),
+    /// A fixed weight.
+    Fixed(NonZeroU32),
     /// Learned from the tool's observed cost.
-    Auto(AutoWeight),
+    Auto,
 }
 
-/// The word `auto`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AutoWeight {
-    /// Learn the weight.
-    Auto,
+impl Weight {
+    /// A fixed weight of `units`, if at least 1.
+    pub const fn fixed(units: u32) -> Result<Weight, OutOfRange> {
+        match NonZeroU32::new(units) {
+            Some(units) => Ok(Weight::Fixed(units)),
+            None => Err(OutOfRange { rule: WEIGHT_RULE }),
+        }
+    }
+
+    /// Whether this is the fixed weight 1, the unit the `auto` weights are measured against.
+    fn is_unit(self) -> bool {
+        self == Weight::Fixed(NonZeroU32::MIN)
+    }
+}
+
+const WEIGHT_RULE: &str = "must be at least 1, or \"auto\"";
+
+impl Serialize for Weight {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Weight::Fixed(n) => s.serialize_u32(n.get()),
+            Weight::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Weight {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Weight, D::Error> {
+        struct Units;
+        impl Visitor<'_> for Units {
+            type Value = Weight;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a weight of at least 1, or \"auto\"")
+            }
+
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Weight, E> {
+                let n = u32::try_from(n).map_err(|_| E::custom("must be at most 4294967295"))?;
+                Weight::fixed(n).map_err(E::custom)
+            }
+
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Weight, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(WEIGHT_RULE)),
+                }
+            }
+
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Weight, E> {
+                match s {
+                    "auto" => Ok(Weight::Auto),
+                    _ => Err(E::invalid_value(de::Unexpected::Str(s), &self)),
+                }
+            }
+        }
+        d.deserialize_any(Units)
+    }
 }
 
 /// Tool weight settings.
@@ -51,12 +116,12 @@ pub struct CostConfig {
     /// Tools whose calls are not idempotent (writes): their learned weight is doubled.
     pub non_idempotent: BTreeSet<String>,
     /// Weight of tools not listed. Default 1.
-    pub default_weight: u32,
+    pub default_weight: NonZeroU32,
     /// Lower clamp of learned weights. Default 1.
-    pub min_weight: u32,
+    pub min_weight: NonZeroU32,
     /// Upper clamp of learned weights. Default 100, the weight of a non-idempotent write, the
     /// heaviest kind of call in the module's examples.
-    pub max_weight: u32,
+    pub max_weight: NonZeroU32,
 }
 
 impl Default for CostConfig {
@@ -64,35 +129,21 @@ impl Default for CostConfig {
         CostConfig {
             tools: BTreeMap::new(),
             non_idempotent: BTreeSet::new(),
-            default_weight: 1,
-            min_weight: 1,
-            max_weight: 100,
+            default_weight: NonZeroU32::MIN,
+            min_weight: NonZeroU32::MIN,
+            max_weight: NonZeroU32::new(100).unwrap(),
         }
     }
 }
 
 impl CostConfig {
-    /// Checks every rule; the error names the field and the rule.
+    /// Checks the rule between fields (each weight's own range is its type's); the error
+    /// names the field and the rule.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.min_weight == 0 {
-            return Err(ConfigError::new("costs.min_weight", "must be at least 1"));
-        }
         if self.max_weight < self.min_weight {
             return Err(ConfigError::new(
                 "costs.max_weight",
                 "must be at least min_weight",
-            ));
-        }
-        if self.default_weight == 0 {
-            return Err(ConfigError::new(
-                "costs.default_weight",
-                "must be at least 1",
-            ));
-        }
-        if let Some((tool, _)) = self.tools.iter().find(|(_, w)| **w == Weight::Fixed(0)) {
-            return Err(ConfigError::new(
-                format!("costs.tools.{tool}"),
-                "must be at least 1",
             ));
         }
         Ok(())
@@ -101,16 +152,16 @@ impl CostConfig {
     /// The largest weight any call can have.
     pub fn max_possible_weight(&self) -> u32 {
         let fixed = self.tools.values().filter_map(|w| match w {
-            Weight::Fixed(n) => Some(*n),
-            Weight::Auto(_) => None,
+            Weight::Fixed(n) => Some(n.get()),
+            Weight::Auto => None,
         });
         fixed
-            .chain([self.default_weight])
+            .chain([self.default_weight.get()])
             .chain(
                 self.tools
                     .values()
-                    .any(|w| matches!(w, Weight::Auto(_)))
-                    .then_some(self.max_weight),
+                    .any(|w| *w == Weight::Auto)
+                    .then_some(self.max_weight.get()),
             )
             .max()
             .unwrap_or(1)
@@ -154,18 +205,18 @@ impl Costs {
     pub fn reconfigure(&self, config: CostConfig) {
         for (tool, w) in &config.tools {
             // Auto tools are learned, and the tools of weight 1 are measured as the unit.
-            if matches!(w, Weight::Auto(_) | Weight::Fixed(1)) {
+            if *w == Weight::Auto || w.is_unit() {
                 self.learned.entry(tool.clone()).or_insert_with(|| Learned {
-                    weight: AtomicU32::new(config.min_weight),
+                    weight: AtomicU32::new(config.min_weight.get()),
                     stats: Mutex::new((Ewma::new(LEARN_ALPHA), Ewma::new(LEARN_ALPHA))),
                 });
             }
         }
         self.learned.retain(|tool, _| {
-            matches!(
-                config.tools.get(tool),
-                Some(Weight::Auto(_) | Weight::Fixed(1))
-            )
+            config
+                .tools
+                .get(tool)
+                .is_some_and(|w| *w == Weight::Auto || w.is_unit())
         });
         self.config.store(Arc::new(config));
     }
@@ -189,12 +240,11 @@ impl Costs {
     pub(crate) fn weight_in(&self, tool: &str, snapshot: Option<&Snapshot>) -> u32 {
         let config = self.config.read(snapshot);
         match config.tools.get(tool) {
-            Some(Weight::Fixed(n)) => *n,
-            Some(Weight::Auto(_)) => self
-                .learned
-                .get(tool)
-                .map_or(config.min_weight, |l| l.weight.load(Ordering::Relaxed)),
-            None => config.default_weight,
+            Some(Weight::Fixed(n)) => n.get(),
+            Some(Weight::Auto) => self.learned.get(tool).map_or(config.min_weight.get(), |l| {
+                l.weight.load(Ordering::Relaxed)
+            }),
+            None => config.default_weight.get(),
         }
     }
 
@@ -211,7 +261,7 @@ impl Costs {
             })
             .collect();
         let config = self.config.load();
-        let unit = |t: &String| config.tools.get(t) == Some(&Weight::Fixed(1));
+        let unit = |t: &String| config.tools.get(t).is_some_and(|w| w.is_unit());
         // The cheapest weight-1 tool: the smallest of their figures, but at least the floor.
         let cheapest = |pick: fn(&(String, f64, f64)) -> f64, floor: f64| {
             stats
@@ -223,14 +273,14 @@ impl Costs {
         };
         let (unit_time, unit_bytes) = (cheapest(|s| s.1, UNIT_TIME), cheapest(|s| s.2, UNIT_BYTES));
         for (tool, time, bytes) in stats {
-            if !matches!(config.tools.get(&tool), Some(Weight::Auto(_))) {
+            if config.tools.get(&tool) != Some(&Weight::Auto) {
                 continue; // a weight-1 tool, measured as the unit
             }
             let mut w = (time / unit_time).max(bytes / unit_bytes).round();
             if config.non_idempotent.contains(&tool) {
                 w *= 2.0;
             }
-            let w = (w as u32).clamp(config.min_weight, config.max_weight);
+            let w = (w as u32).clamp(config.min_weight.get(), config.max_weight.get());
             if let Some(l) = self.learned.get(&tool) {
                 l.weight.store(w, Ordering::Relaxed);
             }
@@ -337,15 +387,9 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        let mut c = CostConfig::default();
-        c.tools.insert("x".into(), Weight::Fixed(0));
-        assert_eq!(
-            c.validate().unwrap_err(),
-            ConfigError::new("costs.tools.x", "must be at least 1")
-        );
         let c = CostConfig {
-            min_weight: 5,
-            max_weight: 2,
+            min_weight: NonZeroU32::new(5).unwrap(),
+            max_weight: NonZeroU32::new(2).unwrap(),
             ..CostConfig::default()
         };
         assert_eq!(

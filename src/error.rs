@@ -36,14 +36,6 @@ impl ConfigError {
             rule: rule.into(),
         }
     }
-
-    /// The same error for a field inside `section` (`section.field`).
-    pub(crate) fn within(self, section: &str) -> Self {
-        ConfigError {
-            field: format!("{section}.{}", self.field).into(),
-            rule: self.rule,
-        }
-    }
 }
 
 impl fmt::Display for ConfigError {

@@ -25,7 +25,9 @@
 //! wait). Place the layer right after the classifier, so duplicates never reach the budgets.
 
 use crate::error::ConfigError;
+use crate::valid::NonZeroDuration;
 use std::collections::BTreeSet;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
@@ -90,11 +92,11 @@ pub struct IdempotencyConfig {
     /// Whose calls share a key: `session` (default) or `tenant`.
     pub scope: KeyScope,
     /// How long an answer is kept (`ttl_ms`). Default 10 min.
-    #[serde(rename = "ttl_ms", with = "crate::duration_ms")]
-    pub ttl: Duration,
+    #[serde(rename = "ttl_ms")]
+    pub ttl: NonZeroDuration,
     /// Keys kept at most; past it, expired ones are dropped and, if still full, new keys are
     /// not protected. Default 10 000.
-    pub max_entries: usize,
+    pub max_entries: NonZeroUsize,
 }
 
 impl Default for IdempotencyConfig {
@@ -105,8 +107,8 @@ impl Default for IdempotencyConfig {
             header: "idempotency-key".into(),
             missing: Missing::Allow,
             scope: KeyScope::Session,
-            ttl: Duration::from_secs(600),
-            max_entries: 10_000,
+            ttl: NonZeroDuration::of(Duration::from_secs(600)),
+            max_entries: NonZeroUsize::new(10_000).unwrap(),
         }
     }
 }
@@ -124,18 +126,6 @@ impl IdempotencyConfig {
             return Err(ConfigError::new(
                 "idempotency.meta_key",
                 "must not be empty",
-            ));
-        }
-        if self.ttl.is_zero() {
-            return Err(ConfigError::new(
-                "idempotency.ttl_ms",
-                "must be greater than 0",
-            ));
-        }
-        if self.max_entries == 0 {
-            return Err(ConfigError::new(
-                "idempotency.max_entries",
-                "must be at least 1",
             ));
         }
         Ok(())
@@ -506,7 +496,7 @@ where
                             key,
                             arguments,
                             tx: Some(tx),
-                            ttl: config.ttl,
+                            ttl: config.ttl.get(),
                         };
                         if refused {
                             settle.finish(Settled::Retry);
@@ -539,12 +529,12 @@ enum Role {
 fn lead_or_follow(shared: &State, key: Key, arguments: u64, config: &IdempotencyConfig) -> Role {
     let now = Instant::now();
     let entries = &shared.entries;
-    if entries.len() >= config.max_entries && !entries.contains(key) {
+    if entries.len() >= config.max_entries.get() && !entries.contains(key) {
         entries.retain(|e| !matches!(e, Entry::Done(_, until, _) if *until <= now));
     }
     let fresh = || Entry::Running(watch::channel(None).1, arguments);
     entries
-        .with_entry(key, config.max_entries, fresh, |entry| {
+        .with_entry(key, config.max_entries.get(), fresh, |entry| {
             let live = match &*entry {
                 Entry::Done(_, until, _) => *until > now,
                 Entry::Running(rx, _) => rx.has_changed().is_ok() && rx.borrow().is_none(),

@@ -1,7 +1,7 @@
 //! The running policy: the kill switch's mode, the feature switches and the fixed limits, as one
 //! immutable snapshot swapped atomically.
 
-use crate::error::ConfigError;
+use crate::valid::Positive;
 use std::sync::Arc;
 
 use crate::snapshot::{Live, Part, Read, Snapshot};
@@ -93,30 +93,11 @@ impl Default for Features {
 #[serde(default, deny_unknown_fields)]
 pub struct FixedLimits {
     /// One rate for everyone.
-    pub global_rate: Option<f64>,
+    pub global_rate: Option<Positive>,
     /// A rate per tenant.
-    pub tenant_rate: Option<f64>,
+    pub tenant_rate: Option<Positive>,
     /// A rate per agent session.
-    pub session_rate: Option<f64>,
-}
-
-impl FixedLimits {
-    /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        for (name, v) in [
-            ("global_rate", self.global_rate),
-            ("tenant_rate", self.tenant_rate),
-            ("session_rate", self.session_rate),
-        ] {
-            if v.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
-                return Err(ConfigError::new(
-                    format!("fixed.{name}"),
-                    "must be greater than 0",
-                ));
-            }
-        }
-        Ok(())
-    }
+    pub session_rate: Option<Positive>,
 }
 
 /// The snapshot every stage reads once per request.

@@ -2,7 +2,7 @@
 //! weights and refunds. Paused time where time matters: every figure is exact.
 
 use std::time::Duration;
-use stormgate::valid::{AtLeastOne, NonZeroDuration, Positive};
+use stormgate::valid::{AtLeastOne, NonNegative, NonZeroDuration, Positive};
 
 use axum::body::Body;
 use http::Request;
@@ -173,7 +173,7 @@ fn steady_overload_settles_into_a_band_around_capacity() {
 fn tenants(min_budget: f64) -> TenantConfig {
     {
         let mut built = TenantConfig::default();
-        built.min_budget = Some(min_budget);
+        built.min_budget = Some(NonNegative::new(min_budget).unwrap());
         built
     }
 }
@@ -278,8 +278,8 @@ async fn a_weight_50_tool_is_admitted_50_times_less_often() {
     let costs = {
         let mut built = CostConfig::default();
         built.tools = [
-            ("heavy".to_owned(), Weight::Fixed(50)),
-            ("light".to_owned(), Weight::Fixed(1)),
+            ("heavy".to_owned(), Weight::fixed(50).unwrap()),
+            ("light".to_owned(), Weight::fixed(1).unwrap()),
         ]
         .into_iter()
         .collect();
@@ -374,16 +374,17 @@ fn invalid_settings_are_refused_with_the_field_named() {
         ("budget.floor", "must not exceed stable_budget")
     );
     let err = Budget::builder(BudgetConfig::default())
-        .tenants({
-            let mut built = TenantConfig::default();
-            built.max_tenants = 0;
+        .costs({
+            let mut built = CostConfig::default();
+            built.min_weight = std::num::NonZeroU32::new(5).unwrap();
+            built.max_weight = std::num::NonZeroU32::new(2).unwrap();
             built
         })
         .try_build()
         .unwrap_err();
     assert_eq!(
         (&*err.field, &*err.rule),
-        ("tenants.max_tenants", "must be at least 1")
+        ("costs.max_weight", "must be at least min_weight")
     );
 }
 
@@ -532,7 +533,7 @@ async fn in_a_contended_tenant_the_sessions_above_their_share_are_refused_not_th
     let budget = Budget::builder(BudgetConfig::default())
         .costs({
             let mut built = CostConfig::default();
-            built.tools = [("sql_scan".to_owned(), Weight::Fixed(50))].into();
+            built.tools = [("sql_scan".to_owned(), Weight::fixed(50).unwrap())].into();
             built
         })
         .build();
@@ -582,11 +583,11 @@ async fn a_bursting_runaway_does_not_get_a_complex_agents_heavier_calls_refused(
         .costs({
             let mut built = CostConfig::default();
             built.tools = [
-                ("cache_get".to_owned(), Weight::Fixed(1)),
-                ("vector_search".to_owned(), Weight::Fixed(10)),
-                ("sql_scan".to_owned(), Weight::Fixed(50)),
-                ("read_doc".to_owned(), Weight::Fixed(1)),
-                ("create_order".to_owned(), Weight::Fixed(100)),
+                ("cache_get".to_owned(), Weight::fixed(1).unwrap()),
+                ("vector_search".to_owned(), Weight::fixed(10).unwrap()),
+                ("sql_scan".to_owned(), Weight::fixed(50).unwrap()),
+                ("read_doc".to_owned(), Weight::fixed(1).unwrap()),
+                ("create_order".to_owned(), Weight::fixed(100).unwrap()),
             ]
             .into();
             built
@@ -710,7 +711,7 @@ async fn a_switch_flipped_by_hand_applies_at_the_next_call() {
     switch.set(Policy {
         mode: Mode::Fixed,
         fixed: FixedLimits {
-            global_rate: Some(1.0),
+            global_rate: Some(Positive::new(1.0).unwrap()),
             ..FixedLimits::default()
         },
         ..Policy::default()
@@ -728,7 +729,7 @@ async fn light_refusals(one_tenant: bool) -> usize {
     let budget = Budget::builder(BudgetConfig::default())
         .costs({
             let mut built = CostConfig::default();
-            built.tools = [("sql_scan".to_owned(), Weight::Fixed(50))].into();
+            built.tools = [("sql_scan".to_owned(), Weight::fixed(50).unwrap())].into();
             built
         })
         .build();
@@ -793,11 +794,11 @@ async fn a_swarm_of_eight_sessions_does_not_get_a_complex_agent_at_two_calls_a_s
         .costs({
             let mut built = CostConfig::default();
             built.tools = [
-                ("cache_get".to_owned(), Weight::Fixed(1)),
-                ("vector_search".to_owned(), Weight::Fixed(10)),
-                ("sql_scan".to_owned(), Weight::Fixed(50)),
-                ("read_doc".to_owned(), Weight::Fixed(1)),
-                ("create_order".to_owned(), Weight::Fixed(100)),
+                ("cache_get".to_owned(), Weight::fixed(1).unwrap()),
+                ("vector_search".to_owned(), Weight::fixed(10).unwrap()),
+                ("sql_scan".to_owned(), Weight::fixed(50).unwrap()),
+                ("read_doc".to_owned(), Weight::fixed(1).unwrap()),
+                ("create_order".to_owned(), Weight::fixed(100).unwrap()),
             ]
             .into();
             built

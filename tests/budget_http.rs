@@ -20,7 +20,9 @@ use tower::ServiceExt;
 #[tokio::test(start_paused = true)]
 async fn a_sql_scan_burst_drives_the_budget_down_and_it_recovers_by_steps() {
     let mut costs = CostConfig::default();
-    costs.tools.insert("sql_scan".into(), Weight::Fixed(50));
+    costs
+        .tools
+        .insert("sql_scan".into(), Weight::fixed(50).unwrap());
     let config = {
         let mut built = Config::default(); // A budget above what the pool can serve (4 connections x 5 scans/s x 50 units =
         // 1000/s), so the burst reaches the backend and the controller has to find out.

@@ -390,7 +390,7 @@ async fn a_stalled_body_is_answered_408_at_exactly_the_body_timeout() {
 async fn bodies_being_read_at_once_are_capped_and_the_next_is_answered_503_unread() {
     let layer = ClassifyLayer::new().settings({
         let mut built = stormgate::classify::ClassifyConfig::default();
-        built.max_buffered_bytes = 10 << 20;
+        built.max_buffered_bytes = std::num::NonZeroUsize::new(10 << 20).unwrap();
         built
     });
     let svc = || layer.clone().layer(Recorder::default().service(ok_json));

@@ -75,7 +75,7 @@ async fn fixed_enforces_exactly_its_limits() {
         let mut built = Config::default();
         built.mode = Mode::Fixed;
         built.fixed = FixedLimits {
-            global_rate: Some(10.0),
+            global_rate: Some(Positive::new(10.0).unwrap()),
             tenant_rate: None,
             session_rate: None,
         };
@@ -103,7 +103,7 @@ async fn fixed_enforces_exactly_its_limits() {
         built.mode = Mode::Fixed;
         built.fixed = FixedLimits {
             global_rate: None,
-            tenant_rate: Some(5.0),
+            tenant_rate: Some(Positive::new(5.0).unwrap()),
             session_rate: None,
         };
         built
@@ -142,7 +142,7 @@ async fn back_to_adaptive_resumes_the_learned_budget() {
     let control = Control::new({
         let mut built = Config::default();
         built.fixed = FixedLimits {
-            global_rate: Some(50.0),
+            global_rate: Some(Positive::new(50.0).unwrap()),
             ..FixedLimits::default()
         };
         built
@@ -334,12 +334,12 @@ async fn admin_routes_require_the_token() {
 async fn the_audit_keeps_each_sessions_calls_with_queue_wait_and_outcome() {
     let backend = app::Backend::new();
     let mut config = one_at_a_time();
-    config.fixed.session_rate = Some(1.0);
+    config.fixed.session_rate = Some(Positive::new(1.0).unwrap());
     config.fifo.tools.insert("sql_scan".into(), "db".into());
-    config
-        .costs
-        .tools
-        .insert("sql_scan".into(), stormgate::cost::Weight::Fixed(1));
+    config.costs.tools.insert(
+        "sql_scan".into(),
+        stormgate::cost::Weight::fixed(1).unwrap(),
+    );
     let (router, control) = app::protected(backend, config).unwrap();
     let sid = session(&router).await;
     let calls: Vec<_> = (1..=2)
@@ -391,7 +391,7 @@ async fn flips_and_reloads_under_load_fail_no_call() {
     let base = {
         let mut built = Config::default();
         built.fixed = FixedLimits {
-            session_rate: Some(1.0),
+            session_rate: Some(Positive::new(1.0).unwrap()),
             ..FixedLimits::default()
         };
         built.sessions = {
@@ -442,7 +442,7 @@ async fn flips_and_reloads_under_load_fail_no_call() {
             );
         } else {
             let mut good = base.clone();
-            good.body_limit = 1_000_000 + i;
+            good.body_limit = std::num::NonZeroUsize::new(1_000_000 + i).unwrap();
             control.reload(good).unwrap();
         }
         let mode = [Mode::Off, Mode::Fixed, Mode::Adaptive][i % 3];

@@ -9,6 +9,7 @@ mod app;
 
 use std::num::NonZeroUsize;
 use std::time::Duration;
+use stormgate::valid::NonZeroDuration;
 
 use axum::body::Body;
 use common::{message, session, tool_call};
@@ -34,11 +35,14 @@ async fn refused_at_once_when_the_queue_cannot_make_it_and_cut_when_running_past
         "db".into(),
         ResourceLimits::default().max_concurrent(NonZeroUsize::MIN),
     );
-    config.deadlines.tools_ms.insert("sql_scan".into(), 300);
-    config
-        .costs
-        .tools
-        .insert("sql_scan".into(), stormgate::cost::Weight::Fixed(1));
+    config.deadlines.tools.insert(
+        "sql_scan".into(),
+        NonZeroDuration::from_millis(300).unwrap(),
+    );
+    config.costs.tools.insert(
+        "sql_scan".into(),
+        stormgate::cost::Weight::fixed(1).unwrap(),
+    );
     let (router, control) = app::protected(app::Backend::new(), config).unwrap();
     let sid = session(&router).await;
     let scan = |i| tool_call(&sid, i, "sql_scan", json!({"table": "t"}));
@@ -84,7 +88,7 @@ async fn refused_at_once_when_the_queue_cannot_make_it_and_cut_when_running_past
 async fn the_deadline_reaches_the_tool_code() {
     let layer = ClassifyLayer::new().deadlines({
         let mut built = DeadlineConfig::default();
-        built.default = Some(ms(2000));
+        built.default = Some(NonZeroDuration::new(ms(2000)).unwrap());
         built
     });
     let inner = tower::service_fn(|req: Request<Body>| async move {
@@ -123,7 +127,7 @@ where
 {
     let deadlines = {
         let mut built = DeadlineConfig::default();
-        built.default = Some(deadline);
+        built.default = Some(NonZeroDuration::new(deadline).unwrap());
         built
     };
     ClassifyLayer::new()
@@ -224,7 +228,10 @@ async fn a_batch_cut_before_its_answer_keeps_the_refusals_the_fifo_gave_the_othe
     });
     let deadlines = {
         let mut built = DeadlineConfig::default();
-        built.tools_ms.insert("read_doc".into(), 300);
+        built.tools.insert(
+            "read_doc".into(),
+            NonZeroDuration::from_millis(300).unwrap(),
+        );
         built
     };
     let stack = ClassifyLayer::new().deadlines(deadlines).layer(

@@ -9,6 +9,7 @@ mod common;
 
 use std::num::NonZeroUsize;
 use std::time::Duration;
+use stormgate::valid::NonZeroDuration;
 
 use axum::body::Body;
 use bytes::Bytes;
@@ -29,7 +30,7 @@ const DEADLINE: Duration = Duration::from_secs(5);
 fn stack() -> (MockStack, MockHandle) {
     let deadlines = {
         let mut d = DeadlineConfig::default();
-        d.default = Some(DEADLINE);
+        d.default = Some(NonZeroDuration::new(DEADLINE).unwrap());
         d
     };
     let limiter = ResourceLimiter::builder()

@@ -9,7 +9,7 @@ mod redis_support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use stormgate::valid::{AtLeastOne, Positive};
+use stormgate::valid::{AtLeastOne, NonNegative, Positive};
 
 use redis_support::RedisServer;
 use stormgate::admit::Admission;
@@ -71,7 +71,7 @@ async fn node_with_minimum(config: Option<DistributedConfig>, min_budget: f64) -
     })
     .tenants({
         let mut built = TenantConfig::default();
-        built.min_budget = Some(min_budget);
+        built.min_budget = Some(NonNegative::new(min_budget).unwrap());
         built
     });
     if let Some(s) = &shared {
@@ -513,7 +513,7 @@ async fn a_decrease_by_one_node_reaches_the_others_within_a_second() {
                     },
                     {
                         let mut built = TenantConfig::default();
-                        built.min_budget = Some(0.0);
+                        built.min_budget = Some(NonNegative::new(0.0).unwrap());
                         built
                     },
                     &Default::default(),

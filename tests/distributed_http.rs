@@ -11,7 +11,7 @@ mod redis_support;
 mod app;
 
 use std::time::{Duration, Instant};
-use stormgate::valid::{AtLeastOne, Positive};
+use stormgate::valid::{AtLeastOne, NonNegative, Positive};
 
 use common::{message, session, tool_call};
 use serde_json::json;
@@ -36,7 +36,7 @@ fn config(redis: Option<&str>, node: &str) -> Config {
         };
         built.tenants = {
             let mut built = TenantConfig::default();
-            built.min_budget = Some(0.0);
+            built.min_budget = Some(NonNegative::new(0.0).unwrap());
             built
         }; // The session guard would refuse this one busy session first; the budget is under test.
         built.sessions = {

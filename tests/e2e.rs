@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use stormgate::valid::Positive;
 
 use axum::Router;
 use rmcp::model::{CallToolRequestParams, ClientConfig, ProtocolVersion};
@@ -229,7 +230,7 @@ async fn the_stack_layers_any_mcp_service() {
     use tower::Layer;
     let mut config = Config::default();
     config.mode = Mode::Fixed;
-    config.fixed.global_rate = Some(1.0);
+    config.fixed.global_rate = Some(Positive::new(1.0).unwrap());
     let control = Control::new(config).unwrap();
     let backend = app::Backend::new();
     let service = control.layer().layer(app::mcp_service(backend.clone()));

@@ -3,6 +3,7 @@
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use stormgate::valid::NonZeroDuration;
 
 use stormgate::fifo::{AcquireError, MAX_KEY_LEN, ResourceLimiter, ResourceLimits, WindowLimit};
 use tokio::time::Instant;
@@ -157,7 +158,7 @@ async fn queue_timeout_reports_the_real_wait() {
     let limiter = limiter(
         ResourceLimits::default()
             .max_concurrent(nz(1))
-            .queue_timeout(ms(1000)),
+            .queue_timeout(NonZeroDuration::new(ms(1000)).unwrap()),
     );
     let _running = limiter.acquire(KEY, None).await.unwrap();
     let start = Instant::now();
@@ -325,7 +326,8 @@ async fn cooldown_without_retry_after_is_one_second_and_never_shorter_than_pacin
 
 #[tokio::test(start_paused = true)]
 async fn a_cooldown_longer_than_the_queue_timeout_is_refused_at_once() {
-    let limiter = limiter(ResourceLimits::default().queue_timeout(ms(1000)));
+    let limiter =
+        limiter(ResourceLimits::default().queue_timeout(NonZeroDuration::new(ms(1000)).unwrap()));
     limiter.report_upstream_rate_limit(KEY, Some(Duration::from_secs(10)));
     let start = Instant::now();
     let err = limiter.acquire(KEY, None).await.unwrap_err();

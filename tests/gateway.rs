@@ -15,7 +15,7 @@
 mod common;
 
 use common::{client, echo_headers_upstream, json_of, rpc_post};
-use stormgate::valid::Positive;
+use stormgate::valid::{NonZeroDuration, Positive};
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -349,7 +349,7 @@ async fn an_upstream_slower_than_the_request_timeout_is_504_with_the_request_id(
         let mut built = Config::default();
         built.gateway = Some({
             let mut built = GatewayConfig::default();
-            built.request_timeout = Duration::from_millis(300);
+            built.request_timeout = NonZeroDuration::new(Duration::from_millis(300)).unwrap();
             built
         });
         built
@@ -732,7 +732,10 @@ async fn a_deadline_cuts_a_proxied_call_and_drops_its_upstream_request() {
     ))
     .await;
     let mut config = Config::default();
-    config.deadlines.tools_ms.insert("slow".into(), 200);
+    config
+        .deadlines
+        .tools
+        .insert("slow".into(), NonZeroDuration::from_millis(200).unwrap());
     let (url, _control) = gateway(&format!("http://{upstream}/mcp"), config).await;
     let call = json!({"jsonrpc": "2.0", "id": 11, "method": "tools/call",
                       "params": {"name": "slow", "arguments": {}}});
@@ -983,7 +986,7 @@ async fn a_pooled_connection_the_upstream_closed_is_not_the_next_clients_error()
         built.mode = Mode::Off;
         built.gateway = Some({
             let mut built = GatewayConfig::default();
-            built.request_timeout = Duration::from_secs(10);
+            built.request_timeout = NonZeroDuration::new(Duration::from_secs(10)).unwrap();
             built
         });
         built

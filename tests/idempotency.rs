@@ -25,7 +25,7 @@ fn config() -> Config {
             built
         };
         built.fixed = FixedLimits {
-            session_rate: Some(0.001),
+            session_rate: Some(Positive::new(0.001).unwrap()),
             ..FixedLimits::default()
         };
         built

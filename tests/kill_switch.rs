@@ -9,7 +9,7 @@ mod app;
 use std::collections::BTreeSet;
 use std::num::NonZeroUsize;
 use std::time::Duration;
-use stormgate::valid::Positive;
+use stormgate::valid::{NonZeroDuration, Positive};
 
 use common::{message, session, tool_call};
 use serde_json::{Value, json};
@@ -37,12 +37,12 @@ fn config(stage: Stage) -> Config {
     match stage {
         Stage::GlobalBudget => {
             c.budget.stable_budget = Positive::new(1.0).unwrap();
-            c.fixed.global_rate = Some(1.0);
+            c.fixed.global_rate = Some(Positive::new(1.0).unwrap());
         }
         Stage::SessionGuard => {
             c.sessions.base_budget = Positive::new(1.0).unwrap();
             c.sessions.burst = Positive::new(1.0).unwrap();
-            c.fixed.session_rate = Some(1.0);
+            c.fixed.session_rate = Some(Positive::new(1.0).unwrap());
         }
         Stage::Breaker => {
             c.breaker.tools.insert("sql_scan".into());
@@ -59,7 +59,9 @@ fn config(stage: Stage) -> Config {
             c.fifo.tools.insert("sql_scan".into(), "db".into());
         }
         Stage::Deadline => {
-            c.deadlines.tools_ms.insert("sql_scan".into(), 50);
+            c.deadlines
+                .tools
+                .insert("sql_scan".into(), NonZeroDuration::from_millis(50).unwrap());
         }
         Stage::Idempotency => {
             c.idempotency.tools.insert("create_order".into());

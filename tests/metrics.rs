@@ -3,6 +3,7 @@
 
 use std::num::NonZeroUsize;
 use std::time::Duration;
+use stormgate::valid::NonZeroDuration;
 
 use axum::body::Body;
 use http::Request;
@@ -30,7 +31,7 @@ async fn every_stage_is_counted() {
             ResourceLimits::default()
                 .max_concurrent(NonZeroUsize::MIN)
                 .max_queue_depth(1)
-                .queue_timeout(Duration::from_millis(100)),
+                .queue_timeout(NonZeroDuration::new(Duration::from_millis(100)).unwrap()),
         )
         .build();
     let first = limiter.acquire("db", None).await.unwrap();

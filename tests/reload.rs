@@ -38,7 +38,7 @@ fn two_configs() -> (Config, Config) {
     a.budget.stable_budget = Positive::new(1000.0).unwrap();
     a.sessions.base_budget = Positive::new(5.0).unwrap();
     a.breaker.window_calls = 20;
-    a.idempotency.max_entries = 10;
+    a.idempotency.max_entries = std::num::NonZeroUsize::new(10).unwrap();
     a.fifo.keys.insert(
         "db".into(),
         ResourceLimits::default().max_concurrent(NonZeroUsize::MIN),
@@ -47,7 +47,7 @@ fn two_configs() -> (Config, Config) {
     b.budget.stable_budget = Positive::new(3000.0).unwrap();
     b.sessions.base_budget = Positive::new(9.0).unwrap();
     b.breaker.window_calls = 30;
-    b.idempotency.max_entries = 20;
+    b.idempotency.max_entries = std::num::NonZeroUsize::new(20).unwrap();
     b.fifo.keys.insert(
         "db".into(),
         ResourceLimits::default().max_concurrent(NonZeroUsize::new(4).unwrap()),
@@ -376,7 +376,7 @@ async fn a_request_runs_under_the_settings_it_started_with() {
 async fn a_request_runs_under_the_mode_it_started_with() {
     let mut fixed = Config::default();
     fixed.mode = Mode::Fixed;
-    fixed.fixed.global_rate = Some(0.001);
+    fixed.fixed.global_rate = Some(Positive::new(0.001).unwrap());
     let control = Control::new(fixed).unwrap();
     let app = answering(&control);
     let first = common::body_json(

@@ -17,7 +17,9 @@
 mod state;
 
 use crate::error::ConfigError;
+use crate::valid::{Fraction, NonZeroDuration};
 use std::collections::BTreeSet;
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -47,17 +49,17 @@ pub struct BreakerConfig {
     /// Outcomes needed in the window before it may open. Default 10.
     pub min_calls: usize,
     /// Failure share that opens it. Default 0.5.
-    pub failure_rate: f64,
+    pub failure_rate: Fraction,
     /// A call slower than this is slow (`slow_call_ms`). Default 2 s.
-    #[serde(rename = "slow_call_ms", with = "crate::duration_ms")]
-    pub slow_call: Duration,
+    #[serde(rename = "slow_call_ms")]
+    pub slow_call: NonZeroDuration,
     /// Slow share that opens it. Default 1.0 (only when every call in the window is slow).
-    pub slow_rate: f64,
+    pub slow_rate: Fraction,
     /// How long it stays open (`open_for_ms`). Default 10 s.
-    #[serde(rename = "open_for_ms", with = "crate::duration_ms")]
-    pub open_for: Duration,
+    #[serde(rename = "open_for_ms")]
+    pub open_for: NonZeroDuration,
     /// Probes let through when half-open. Default 2.
-    pub probes: u32,
+    pub probes: NonZeroU32,
 }
 
 impl Default for BreakerConfig {
@@ -66,17 +68,17 @@ impl Default for BreakerConfig {
             tools: BTreeSet::new(),
             window_calls: 20,
             min_calls: 10,
-            failure_rate: 0.5,
-            slow_call: Duration::from_secs(2),
-            slow_rate: 1.0,
-            open_for: Duration::from_secs(10),
-            probes: 2,
+            failure_rate: Fraction::of(0.5),
+            slow_call: NonZeroDuration::of(Duration::from_secs(2)),
+            slow_rate: Fraction::of(1.0),
+            open_for: NonZeroDuration::of(Duration::from_secs(10)),
+            probes: NonZeroU32::new(2).unwrap(),
         }
     }
 }
 
 impl BreakerConfig {
-    /// Checks every rule; the error names the field and the rule.
+    /// Checks the rules a field's type cannot; the error names the field and the rule.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.window_calls < MIN_FAILING_CLIENTS {
             // A window of one call holds one client: the breaker could never open.
@@ -90,32 +92,6 @@ impl BreakerConfig {
                 "breaker.min_calls",
                 "must be between 1 and window_calls",
             ));
-        }
-        for (name, v) in [
-            ("failure_rate", self.failure_rate),
-            ("slow_rate", self.slow_rate),
-        ] {
-            if !(v > 0.0 && v <= 1.0) {
-                return Err(ConfigError::new(
-                    format!("breaker.{name}"),
-                    "must be in (0, 1]",
-                ));
-            }
-        }
-        if self.slow_call.is_zero() {
-            return Err(ConfigError::new(
-                "breaker.slow_call_ms",
-                "must be greater than 0",
-            ));
-        }
-        if self.open_for.is_zero() {
-            return Err(ConfigError::new(
-                "breaker.open_for_ms",
-                "must be greater than 0",
-            ));
-        }
-        if self.probes == 0 {
-            return Err(ConfigError::new("breaker.probes", "must be at least 1"));
         }
         Ok(())
     }
@@ -279,7 +255,7 @@ impl Observer for CircuitBreakers {
         else {
             return;
         };
-        let slow = o.service_time >= config.slow_call;
+        let slow = o.service_time >= config.slow_call.get();
         let client = self.inner.clients.of(o.call);
         lock(&breaker).record(
             self.inner.epoch.elapsed(),

@@ -66,13 +66,13 @@ impl Breaker {
         }
         match &mut self.state {
             BreakerState::Closed => Ok(false),
-            BreakerState::HalfOpen { admitted, .. } if *admitted < config.probes => {
+            BreakerState::HalfOpen { admitted, .. } if *admitted < config.probes.get() => {
                 *admitted += 1;
                 Ok(true)
             }
             // Probes are out: the next chance comes when they are back, within the slow-call
             // threshold at the latest.
-            BreakerState::HalfOpen { .. } => Err(config.slow_call),
+            BreakerState::HalfOpen { .. } => Err(config.slow_call.get()),
             BreakerState::Open { .. } => unreachable!("left above"),
         }
     }
@@ -102,7 +102,7 @@ impl Breaker {
             } => {
                 if failed || slow {
                     self.open(now, config);
-                } else if succeeded + 1 >= config.probes {
+                } else if succeeded + 1 >= config.probes.get() {
                     self.state = BreakerState::Closed;
                     self.window.clear();
                 } else {
@@ -124,7 +124,7 @@ impl Breaker {
                     let mut bad = self.window.iter().filter(|w| w.0 || w.1).map(|w| w.2);
                     let first = bad.next();
                     let clients = first.map_or(0, |f| 1 + usize::from(bad.any(|c| c != f)));
-                    if (failures >= config.failure_rate || slows >= config.slow_rate)
+                    if (failures >= config.failure_rate.get() || slows >= config.slow_rate.get())
                         && clients >= MIN_FAILING_CLIENTS
                     {
                         self.open(now, config);
@@ -136,7 +136,7 @@ impl Breaker {
 
     fn open(&mut self, now: Duration, config: &BreakerConfig) {
         self.state = BreakerState::Open {
-            until: now + config.open_for,
+            until: now + config.open_for.get(),
         };
         self.window.clear();
     }
@@ -145,6 +145,7 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::valid::Fraction;
 
     fn s(n: u64) -> Duration {
         Duration::from_secs(n)
@@ -166,7 +167,7 @@ mod tests {
         // Half-open at 11 s: exactly two probes.
         assert_eq!(b.try_admit(s(11), &c), Ok(true));
         assert_eq!(b.try_admit(s(11), &c), Ok(true));
-        assert_eq!(b.try_admit(s(11), &c), Err(c.slow_call));
+        assert_eq!(b.try_admit(s(11), &c), Err(c.slow_call.get()));
         b.record(s(12), (false, false, 1), &c);
         b.record(s(12), (false, false, 1), &c);
         assert_eq!(b.state(), BreakerState::Closed);
@@ -182,7 +183,7 @@ mod tests {
     #[test]
     fn slow_calls_open_it_too() {
         let c = BreakerConfig {
-            slow_rate: 0.5,
+            slow_rate: Fraction::new(0.5).unwrap(),
             ..BreakerConfig::default()
         };
         let mut b = Breaker::default();

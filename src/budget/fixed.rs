@@ -42,10 +42,10 @@ impl Fixed {
     /// Re-rates the buckets whose limit `policy` sets.
     pub(super) fn apply(&self, now: u64, policy: &Policy, max_weight: u32, tenants: &Tenants) {
         if let Some(rate) = policy.fixed.global_rate {
-            rerate(&self.global, now, rate, max_weight);
+            rerate(&self.global, now, rate.get(), max_weight);
         }
         if let Some(rate) = policy.fixed.tenant_rate {
-            tenants.for_each(|t| rerate(&t.fixed, now, rate, max_weight));
+            tenants.for_each(|t| rerate(&t.fixed, now, rate.get(), max_weight));
         }
     }
 }

@@ -51,6 +51,7 @@ mod taking;
 mod tenants;
 mod trend;
 
+use crate::valid::Positive;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -197,7 +198,6 @@ impl BudgetBuilder {
     /// Validates every setting.
     pub fn try_build(self) -> Result<Budget, ConfigError> {
         self.config.validate()?;
-        self.tenants.validate()?;
         self.costs.validate()?;
         Ok(self.build_unchecked())
     }
@@ -314,7 +314,7 @@ impl Budget {
         let st = inner.settings.load();
         let new = Newcomer {
             settings: &st,
-            fixed_rate: inner.switch.load().fixed.tenant_rate,
+            fixed_rate: inner.switch.load().fixed.tenant_rate.map(Positive::get),
             now: self.now(),
             clients: &inner.clients,
             leases: &inner.leases,
@@ -333,7 +333,6 @@ impl Budget {
         costs: &CostConfig,
     ) -> Result<(), ConfigError> {
         config.validate()?;
-        tenants.validate()?;
         costs.validate()?;
         self.set_config(config, tenants, costs);
         Ok(())

@@ -1,7 +1,8 @@
 //! Per-tenant shares of the global budget: weights, a guaranteed minimum, and borrowing.
 
-use crate::error::ConfigError;
+use crate::valid::{NonNegative, Positive};
 use std::collections::BTreeMap;
+use std::num::{NonZeroU32, NonZeroUsize};
 
 use serde::{Deserialize, Serialize};
 
@@ -15,14 +16,14 @@ pub struct TenantConfig {
     /// Cost units per second every active tenant is guaranteed, even when the global budget is
     /// spent (normal business must not starve). Default 1% of the stable budget (stormgate's
     /// choice).
-    pub min_budget: Option<f64>,
+    pub min_budget: Option<NonNegative>,
     /// Share weight per tenant name; tenants not listed weigh 1.
-    pub weights: BTreeMap<String, f64>,
+    pub weights: BTreeMap<String, Positive>,
     /// Tenants tracked at most; past it, new tenants share one overflow tenant. Default 10 000.
-    pub max_tenants: usize,
+    pub max_tenants: NonZeroUsize,
     /// Ticks without demand after which a tenant is idle and its share is lent to the others
     /// (and its state may be dropped). Default 50 (5 s at 100 ms).
-    pub idle_ticks: u32,
+    pub idle_ticks: NonZeroU32,
 }
 
 impl Default for TenantConfig {
@@ -31,8 +32,8 @@ impl Default for TenantConfig {
             enabled: true,
             min_budget: None,
             weights: BTreeMap::new(),
-            max_tenants: 10_000,
-            idle_ticks: 50,
+            max_tenants: NonZeroUsize::new(10_000).unwrap(),
+            idle_ticks: NonZeroU32::new(50).unwrap(),
         }
     }
 }
@@ -40,42 +41,13 @@ impl Default for TenantConfig {
 impl TenantConfig {
     /// The guaranteed minimum in effect for a stable budget.
     pub fn min_budget(&self, stable_budget: f64) -> f64 {
-        self.min_budget.unwrap_or(stable_budget * 0.01)
+        self.min_budget
+            .map_or(stable_budget * 0.01, NonNegative::get)
     }
 
     /// A tenant's share weight.
     pub fn weight(&self, tenant: &str) -> f64 {
-        self.weights.get(tenant).copied().unwrap_or(1.0)
-    }
-
-    /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self
-            .min_budget
-            .is_some_and(|m| !(m.is_finite() && m >= 0.0))
-        {
-            return Err(ConfigError::new("tenants.min_budget", "must be 0 or more"));
-        }
-        if let Some((t, _)) = self
-            .weights
-            .iter()
-            .find(|(_, w)| !(w.is_finite() && **w > 0.0))
-        {
-            return Err(ConfigError::new(
-                format!("tenants.weights.{t}"),
-                "must be greater than 0",
-            ));
-        }
-        if self.max_tenants == 0 {
-            return Err(ConfigError::new(
-                "tenants.max_tenants",
-                "must be at least 1",
-            ));
-        }
-        if self.idle_ticks == 0 {
-            return Err(ConfigError::new("tenants.idle_ticks", "must be at least 1"));
-        }
-        Ok(())
+        self.weights.get(tenant).map_or(1.0, |w| w.get())
     }
 }
 

@@ -138,7 +138,7 @@ impl Tenants {
         let key = self.map.key(tenant.as_str());
         let cap = new.settings.tenants.max_tenants;
         self.map
-            .get_or_insert(key, cap, || self.newcomer(tenant.clone(), &new))
+            .get_or_insert(key, cap.get(), || self.newcomer(tenant.clone(), &new))
             .unwrap_or_else(|| {
                 let overflow = Tenant::new(OVERFLOW);
                 let key = self.map.key(overflow.as_str());
@@ -212,10 +212,10 @@ impl Tenants {
             let mut tick = t.tick.lock().unwrap_or_else(PoisonError::into_inner);
             tick.demand.update(demand);
             tick.idle = if demand > 0.0 { 0 } else { tick.idle + 1 };
-            if tick.idle > idle_ticks && Arc::strong_count(t) == 1 {
+            if tick.idle > idle_ticks.get() && Arc::strong_count(t) == 1 {
                 return false; // idle and not in use: forget it
             }
-            if tick.idle <= idle_ticks {
+            if tick.idle <= idle_ticks.get() {
                 let weight = st.tenants.weight(t.name.as_str());
                 active.push((t.clone(), weight, tick.demand.value().unwrap_or(0.0)));
             }
@@ -263,6 +263,7 @@ mod tests {
     use crate::budget::shares::DEMAND_HEADROOM;
     use crate::budget::{BudgetConfig, TenantConfig};
     use crate::cost::CostConfig;
+    use crate::valid::Positive;
     use proptest::prelude::*;
 
     /// Bisection for the `x` with `sum(given(x)) = total`, `given` non-decreasing in `x`.
@@ -326,7 +327,7 @@ mod tests {
         ) {
             let mut config = TenantConfig::default();
             for (t, (weight, _)) in tenants.iter().enumerate() {
-                config.weights.insert(format!("t{t}"), f64::from(*weight));
+                config.weights.insert(format!("t{t}"), Positive::new(f64::from(*weight)).unwrap());
             }
             let settings = Settings::new(BudgetConfig::default(), config, &CostConfig::default());
             let secs = settings.config.sample_interval.get().as_secs_f64();

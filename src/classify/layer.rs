@@ -1,4 +1,6 @@
+use crate::valid::NonZeroDuration;
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use std::time::Duration;
@@ -15,7 +17,6 @@ use super::names::Names;
 use crate::call::Refusals;
 use crate::call::{DefaultIdentity, Identify};
 use crate::cost::Costs;
-use crate::error::ConfigError;
 use crate::outcome::{Observer, Observers};
 use crate::policy::Switch;
 use crate::protocol::ProtocolVersion;
@@ -70,40 +71,21 @@ pub struct ClassifyConfig {
     pub batches: Batches,
     /// A body not received whole this long after the request head is answered 408 with a
     /// JSON-RPC error and dropped (`body_timeout_ms`). Default 10 s.
-    #[serde(rename = "body_timeout_ms", with = "crate::duration_ms")]
-    pub body_timeout: Duration,
+    #[serde(rename = "body_timeout_ms")]
+    pub body_timeout: NonZeroDuration,
     /// The bytes of all bodies being buffered at once (each counted as its `Content-Length`,
     /// or `body_limit` when its length is not known in advance); a request that would pass it
     /// is answered 503 with `Retry-After` before it is read. Default 64 MiB.
-    pub max_buffered_bytes: usize,
+    pub max_buffered_bytes: NonZeroUsize,
 }
 
 impl Default for ClassifyConfig {
     fn default() -> Self {
         ClassifyConfig {
             batches: Batches::default(),
-            body_timeout: DEFAULT_BODY_TIMEOUT,
-            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
+            body_timeout: NonZeroDuration::of(DEFAULT_BODY_TIMEOUT),
+            max_buffered_bytes: NonZeroUsize::new(DEFAULT_MAX_BUFFERED_BYTES).unwrap(),
         }
-    }
-}
-
-impl ClassifyConfig {
-    /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.body_timeout.is_zero() {
-            return Err(ConfigError::new(
-                "classify.body_timeout_ms",
-                "must be greater than 0",
-            ));
-        }
-        if self.max_buffered_bytes == 0 {
-            return Err(ConfigError::new(
-                "classify.max_buffered_bytes",
-                "must be greater than 0",
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -194,8 +176,8 @@ impl ClassifyLayer {
     ) {
         let mut shared = Settings::clone(&self.shared.load());
         shared.batches = classify.batches;
-        shared.body_timeout = classify.body_timeout;
-        shared.max_buffered = classify.max_buffered_bytes;
+        shared.body_timeout = classify.body_timeout.get();
+        shared.max_buffered = classify.max_buffered_bytes.get();
         shared.body_limit = body_limit;
         shared.format = Arc::new(format);
         shared.identity = Arc::new(identity);
@@ -242,8 +224,8 @@ impl ClassifyLayer {
     pub fn settings(self, classify: ClassifyConfig) -> Self {
         self.update(|s| {
             s.batches = classify.batches;
-            s.body_timeout = classify.body_timeout;
-            s.max_buffered = classify.max_buffered_bytes;
+            s.body_timeout = classify.body_timeout.get();
+            s.max_buffered = classify.max_buffered_bytes.get();
         })
     }
 

@@ -112,7 +112,7 @@ impl Control {
         let classify = ClassifyLayer::new()
             .snapshots(snapshot.clone())
             .identity(identity)
-            .body_limit(config.body_limit)
+            .body_limit(config.body_limit.get())
             .settings(config.classify)
             .deadlines(config.deadlines.clone())
             .format(config.rejection.clone())
@@ -417,7 +417,7 @@ impl Control {
         inner.idempotency.set_config(config.idempotency.clone());
         config.fifo.apply(&inner.fifo);
         inner.classify.reconfigure(
-            config.body_limit,
+            config.body_limit.get(),
             config.rejection.clone(),
             identity.credential_key(inner.credential_key.clone()),
             config.deadlines.clone(),
@@ -559,12 +559,12 @@ mod tests {
         a.budget.stable_budget = Positive::new(1000.0).unwrap();
         a.sessions.base_budget = Positive::new(5.0).unwrap();
         a.breaker.window_calls = 20;
-        a.idempotency.max_entries = 10;
+        a.idempotency.max_entries = std::num::NonZeroUsize::new(10).unwrap();
         let mut b = Config::default();
         b.budget.stable_budget = Positive::new(3000.0).unwrap();
         b.sessions.base_budget = Positive::new(9.0).unwrap();
         b.breaker.window_calls = 30;
-        b.idempotency.max_entries = 20;
+        b.idempotency.max_entries = std::num::NonZeroUsize::new(20).unwrap();
         (a, b)
     }
 

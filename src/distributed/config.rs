@@ -2,6 +2,7 @@
 //! when Redis does not answer.
 
 use crate::error::ConfigError;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -78,7 +79,7 @@ pub struct DistributedConfig {
     pub on_failure: FailureMode,
     /// Nodes the budget is divided by in `local` failure mode. Default: the number of nodes
     /// that proposed a rate in the last second Redis answered (at least 1).
-    pub expected_nodes: Option<u32>,
+    pub expected_nodes: Option<NonZeroU32>,
     /// How long a node's proposed global rate counts (`proposal_ttl_ms`; a tenant's share:
     /// at least two lease windows). Default 1000 ms: a node that stops proposing (it crashed)
     /// stops binding the others a second later.
@@ -141,12 +142,6 @@ impl DistributedConfig {
                 "must be greater than 0 and less than lease_window_ms",
             ));
         }
-        if self.expected_nodes == Some(0) {
-            return Err(ConfigError::new(
-                "distributed.expected_nodes",
-                "must be at least 1",
-            ));
-        }
         if self.proposal_ttl < self.lease_window || self.proposal_ttl < 4 * self.timeout {
             return Err(ConfigError::new(
                 "distributed.proposal_ttl_ms",
@@ -184,7 +179,6 @@ mod tests {
         assert!(
             bad(|c| c.timeout = Duration::from_millis(500)).starts_with("distributed.timeout_ms")
         );
-        assert!(bad(|c| c.expected_nodes = Some(0)).starts_with("distributed.expected_nodes"));
         assert!(
             bad(|c| c.proposal_ttl = Duration::from_millis(100))
                 .starts_with("distributed.proposal_ttl_ms")

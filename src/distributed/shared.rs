@@ -1,6 +1,7 @@
 //! [`SharedBudget`]: one node's view of the cluster's budget: its leases, its connection,
 //! its mode (shared or fallback) and the background work that keeps them.
 
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -345,7 +346,10 @@ impl SharedBudget {
     pub(crate) fn divisor(&self) -> f64 {
         let c = &self.inner.config;
         if self.mode() == SharedMode::Fallback && c.on_failure == FailureMode::Local {
-            f64::from(c.expected_nodes.unwrap_or_else(|| self.nodes()).max(1))
+            f64::from(
+                c.expected_nodes
+                    .map_or_else(|| self.nodes().max(1), NonZeroU32::get),
+            )
         } else {
             1.0
         }

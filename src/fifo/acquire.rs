@@ -128,7 +128,7 @@ impl Acquire {
         let limits = state.limits;
         if let Some(until) = state.cooldown_until.filter(|&u| u > now && !key.bypassed()) {
             let cannot_wait = limits.max_queue_depth == Some(0)
-                || limits.queue_timeout.is_some_and(|t| now + t < until);
+                || limits.queue_timeout.is_some_and(|t| now + t.get() < until);
             if cannot_wait {
                 key.metrics.rejected_cooldown.increment(1);
                 return Err(AcquireError::UpstreamRateLimited {
@@ -190,7 +190,7 @@ impl Acquire {
         self.state = AcquireState::Waiting {
             id,
             enqueued: now,
-            deadline: match (limits.queue_timeout.map(|t| now + t), self.deadline) {
+            deadline: match (limits.queue_timeout.map(|t| now + t.get()), self.deadline) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             }

@@ -1,7 +1,7 @@
 //! The FIFO limiter's configuration, as it appears in a config file.
 
-use crate::error::ConfigError;
 use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
 
 use serde::{Deserialize, Serialize};
 
@@ -25,7 +25,7 @@ use super::{DEFAULT_MAX_KEYS, FifoLimitLayer, ResourceLimiter, ResourceLimits};
 #[non_exhaustive]
 pub struct FifoConfig {
     /// Bound on distinct keys tracked (default 10 000).
-    pub max_keys: usize,
+    pub max_keys: NonZeroUsize,
     /// Limits of keys not listed in `keys` (default: nothing limited).
     pub default: ResourceLimits,
     /// Limits per resource key.
@@ -37,7 +37,7 @@ pub struct FifoConfig {
 impl Default for FifoConfig {
     fn default() -> Self {
         FifoConfig {
-            max_keys: DEFAULT_MAX_KEYS,
+            max_keys: NonZeroUsize::new(DEFAULT_MAX_KEYS).unwrap(),
             default: ResourceLimits::default(),
             keys: BTreeMap::new(),
             tools: BTreeMap::new(),
@@ -46,22 +46,6 @@ impl Default for FifoConfig {
 }
 
 impl FifoConfig {
-    /// Checks every rule; the error names the field and the rule.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.max_keys == 0 {
-            return Err(ConfigError::new("fifo.max_keys", "must be at least 1"));
-        }
-        self.default
-            .validate()
-            .map_err(|e| e.within("fifo.default"))?;
-        for (key, limits) in &self.keys {
-            limits
-                .validate()
-                .map_err(|e| e.within(&format!("fifo.keys.{key}")))?;
-        }
-        Ok(())
-    }
-
     /// A limiter with these limits.
     pub fn limiter(&self) -> ResourceLimiter {
         self.keys
@@ -70,7 +54,7 @@ impl FifoConfig {
                 b.key(key.clone(), *limits)
             })
             .default_limits(self.default)
-            .max_keys(self.max_keys)
+            .max_keys(self.max_keys.get())
             .build()
     }
 
@@ -79,7 +63,7 @@ impl FifoConfig {
         layer.limiter().reconfigure(
             self.keys.iter().map(|(k, l)| (k.clone(), *l)).collect(),
             self.default,
-            self.max_keys,
+            self.max_keys.get(),
         );
         layer.set_tool_keys(
             self.tools

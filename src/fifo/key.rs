@@ -154,13 +154,13 @@ impl Key {
             while state
                 .window
                 .front()
-                .is_some_and(|&t| t + window.length <= now)
+                .is_some_and(|&t| t + window.length.get() <= now)
             {
                 state.window.pop_front();
             }
             let max = window.max.get() as usize;
             if state.window.len() >= max {
-                at = at.max(state.window[state.window.len() - max] + window.length);
+                at = at.max(state.window[state.window.len() - max] + window.length.get());
             }
         }
         at
@@ -243,7 +243,7 @@ impl Key {
     ) -> Duration {
         let mut interval = state.limits.pacing();
         if let Some(window) = state.limits.window {
-            interval = interval.max(window.length / window.max.get());
+            interval = interval.max(window.length.get() / window.max.get());
         }
         if let Some(max) = state.limits.max_concurrent {
             // Calls hold their place about `hold` each (the measured average); `max` run side

@@ -1,6 +1,6 @@
 //! The per-key limits of the FIFO limiter, and presets for well-known upstreams.
 
-use crate::error::ConfigError;
+use crate::valid::NonZeroDuration;
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
 
@@ -13,8 +13,8 @@ pub struct WindowLimit {
     /// Admissions allowed per window.
     pub max: NonZeroU32,
     /// The window's length, in milliseconds in config (`length_ms`).
-    #[serde(rename = "length_ms", with = "crate::duration_ms")]
-    pub length: Duration,
+    #[serde(rename = "length_ms")]
+    pub length: NonZeroDuration,
 }
 
 impl WindowLimit {
@@ -22,7 +22,7 @@ impl WindowLimit {
     pub fn per_second(max: NonZeroU32) -> Self {
         WindowLimit {
             max,
-            length: Duration::from_secs(1),
+            length: NonZeroDuration::of(Duration::from_secs(1)),
         }
     }
 }
@@ -34,11 +34,12 @@ impl WindowLimit {
 /// use std::num::NonZeroUsize;
 /// use std::time::Duration;
 /// use stormgate::fifo::ResourceLimits;
+/// use stormgate::valid::NonZeroDuration;
 ///
 /// let db = ResourceLimits::default()
 ///     .max_concurrent(NonZeroUsize::new(2).unwrap())
 ///     .max_queue_depth(4)
-///     .queue_timeout(Duration::from_secs(1));
+///     .queue_timeout(NonZeroDuration::from_millis(1000).unwrap());
 /// assert_eq!(db.pacing(), Duration::ZERO);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,8 +58,8 @@ pub struct ResourceLimits {
     pub max_queue_depth: Option<usize>,
     /// How long a waiter may wait (`queue_timeout_ms`); absent waits until admitted or
     /// cancelled.
-    #[serde(rename = "queue_timeout_ms", with = "crate::duration_ms::opt")]
-    pub queue_timeout: Option<Duration>,
+    #[serde(rename = "queue_timeout_ms")]
+    pub queue_timeout: Option<NonZeroDuration>,
     /// A sliding admission window; only admitted calls consume it.
     pub window: Option<WindowLimit>,
     /// Calls in flight at once per account inside this key (e.g. provider `gitee`, account
@@ -75,23 +76,6 @@ impl ResourceLimits {
             (None, Some(rps)) => Duration::from_millis(1000u64.div_ceil(u64::from(rps.get()))),
             (None, None) => Duration::ZERO,
         }
-    }
-
-    /// Checks the rules serde cannot (the error starts with the field's name).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.queue_timeout.is_some_and(|t| t.is_zero()) {
-            return Err(ConfigError::new(
-                "queue_timeout_ms",
-                "must be greater than 0 (absent: wait without limit)",
-            ));
-        }
-        if self.window.is_some_and(|w| w.length.is_zero()) {
-            return Err(ConfigError::new(
-                "window.length_ms",
-                "must be greater than 0",
-            ));
-        }
-        Ok(())
     }
 
     /// Whether every dimension is off.
@@ -129,7 +113,7 @@ impl ResourceLimits {
     }
 
     /// Sets `queue_timeout`.
-    pub fn queue_timeout(mut self, timeout: Duration) -> Self {
+    pub fn queue_timeout(mut self, timeout: NonZeroDuration) -> Self {
         self.queue_timeout = Some(timeout);
         self
     }
@@ -153,7 +137,7 @@ impl ResourceLimits {
             .min_interval(Duration::from_millis(3000))
             .max_concurrent(NonZeroUsize::MIN)
             .max_queue_depth(8)
-            .queue_timeout(Duration::from_secs(20))
+            .queue_timeout(NonZeroDuration::of(Duration::from_secs(20)))
     }
 
     /// NCBI eutils, shared by PubMed, ClinVar and GEO: 3 per second (334 ms pacing), as NCBI
@@ -163,7 +147,7 @@ impl ResourceLimits {
             .rate_per_second(NonZeroU32::new(3).expect("3 > 0"))
             .max_concurrent(NonZeroUsize::new(2).expect("2 > 0"))
             .max_queue_depth(8)
-            .queue_timeout(Duration::from_secs(20))
+            .queue_timeout(NonZeroDuration::of(Duration::from_secs(20)))
     }
 
     /// Other public APIs: 5 per second (200 ms pacing), 2 in flight.
@@ -201,7 +185,10 @@ mod tests {
         assert_eq!(a.pacing(), Duration::from_secs(3));
         assert_eq!(a.max_concurrent.map(NonZeroUsize::get), Some(1));
         assert_eq!(a.max_queue_depth, Some(8));
-        assert_eq!(a.queue_timeout, Some(Duration::from_secs(20)));
+        assert_eq!(
+            a.queue_timeout,
+            Some(Duration::from_secs(20)).map(|v| NonZeroDuration::new(v).unwrap())
+        );
         let n = ResourceLimits::ncbi_eutils();
         assert_eq!(n.pacing(), Duration::from_millis(334));
         assert_eq!(n.max_concurrent.map(NonZeroUsize::get), Some(2));
@@ -221,7 +208,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(limits.min_interval, Some(Duration::from_secs(3)));
-        assert_eq!(limits.window.unwrap().length, Duration::from_secs(1));
+        assert_eq!(
+            limits.window.unwrap().length,
+            NonZeroDuration::new(Duration::from_secs(1)).unwrap()
+        );
         assert_eq!(limits.max_concurrent_per_account, None);
         let err = serde_json::from_str::<ResourceLimits>(r#"{"max_concurrent":0}"#).unwrap_err();
         assert!(err.to_string().contains("nonzero"), "{err}");

@@ -1,6 +1,7 @@
 //! The `[gateway]` settings: where the upstream MCP server is, how long the proxy waits for
 //! it, its connection pool, and which credentials pass through.
 
+use crate::valid::NonZeroDuration;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ pub const MAX_UPSTREAM_LEN: usize = 2048;
 ///     request_timeout_ms = 5000
 ///     forward_headers = ["authorization"]
 /// "#).unwrap();
-/// assert_eq!(c.request_timeout, Duration::from_secs(5));
+/// assert_eq!(c.request_timeout.get(), Duration::from_secs(5));
 /// assert!(c.validate().is_ok());
 /// let upstream = |url: &str| {
 ///     let mut c = GatewayConfig::default(); // non-exhaustive: built from its default
@@ -57,20 +58,20 @@ pub struct GatewayConfig {
     pub ca_file: Option<PathBuf>,
     /// How long a TCP connection to the upstream may take (`connect_timeout_ms`). Default
     /// 2000 ms; a connection not made by then is answered 502.
-    #[serde(rename = "connect_timeout_ms", with = "crate::duration_ms")]
-    pub connect_timeout: Duration,
+    #[serde(rename = "connect_timeout_ms")]
+    pub connect_timeout: NonZeroDuration,
     /// How long the upstream may take to answer a request's headers (`request_timeout_ms`),
     /// connection included. Default 60 000 ms; then the client gets 504. A streamed answer
     /// (SSE) is not limited once its headers came: long-lived streams are held.
-    #[serde(rename = "request_timeout_ms", with = "crate::duration_ms")]
-    pub request_timeout: Duration,
+    #[serde(rename = "request_timeout_ms")]
+    pub request_timeout: NonZeroDuration,
     /// How long an idle pooled connection to the upstream is kept (`pool_idle_timeout_ms`).
     /// Default 4 000 ms: below the keep-alive timeout of the usual servers (5 s for uvicorn
     /// and Node), so the pool lets a connection go before the upstream closes it; a request
     /// that still meets a connection the upstream closed is sent again on a fresh one
     /// ([`Proxy`](super::Proxy)).
-    #[serde(rename = "pool_idle_timeout_ms", with = "crate::duration_ms")]
-    pub pool_idle_timeout: Duration,
+    #[serde(rename = "pool_idle_timeout_ms")]
+    pub pool_idle_timeout: NonZeroDuration,
     /// Idle connections kept to the upstream at most. Default 64.
     pub pool_max_idle: usize,
     /// Credential headers passed to the upstream (`authorization`, `cookie`, `x-api-key`,
@@ -92,9 +93,9 @@ impl Default for GatewayConfig {
         GatewayConfig {
             upstream: None,
             ca_file: None,
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(60),
-            pool_idle_timeout: Duration::from_secs(4),
+            connect_timeout: NonZeroDuration::of(Duration::from_secs(2)),
+            request_timeout: NonZeroDuration::of(Duration::from_secs(60)),
+            pool_idle_timeout: NonZeroDuration::of(Duration::from_secs(4)),
             pool_max_idle: 64,
             forward_headers: Vec::new(),
             allowed_hosts: Vec::new(),
@@ -155,15 +156,6 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if let Some(url) = &self.upstream {
             parse_upstream(url)?;
-        }
-        for (field, d) in [
-            ("gateway.connect_timeout_ms", self.connect_timeout),
-            ("gateway.request_timeout_ms", self.request_timeout),
-            ("gateway.pool_idle_timeout_ms", self.pool_idle_timeout),
-        ] {
-            if d.is_zero() {
-                return Err(ConfigError::new(field, "must be greater than 0"));
-            }
         }
         self.forward_header_names()?;
         super::hosts::validate(&self.allowed_hosts)?;

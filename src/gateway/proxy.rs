@@ -103,7 +103,7 @@ type Connector = HttpConnector;
 /// bundled Mozilla roots and `ca_file`.
 fn connector(config: &GatewayConfig) -> Result<Connector, ConfigError> {
     let mut tcp = HttpConnector::new();
-    tcp.set_connect_timeout(Some(config.connect_timeout));
+    tcp.set_connect_timeout(Some(config.connect_timeout.get()));
     tcp.set_nodelay(true);
     #[cfg(feature = "tls")]
     {
@@ -278,7 +278,7 @@ impl Proxy {
         let connector = connector(config)?;
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(config.pool_idle_timeout)
+            .pool_idle_timeout(config.pool_idle_timeout.get())
             .pool_max_idle_per_host(config.pool_max_idle)
             .build(Stamped(connector.clone()));
         let fresh = Client::builder(TokioExecutor::new())
@@ -292,7 +292,7 @@ impl Proxy {
                 authority,
                 path_and_query,
                 host,
-                request_timeout: config.request_timeout,
+                request_timeout: config.request_timeout.get(),
                 forward: config.forward_header_names()?,
                 last_warned: AtomicU64::new(0),
                 started: std::time::Instant::now(),

@@ -5,7 +5,7 @@
 
 use std::num::NonZeroUsize;
 use std::time::Duration;
-use stormgate::valid::{AtLeastOne, Positive};
+use stormgate::valid::{AtLeastOne, NonNegative, NonZeroDuration, Positive};
 
 use axum::Router;
 use axum::body::Body;
@@ -44,7 +44,7 @@ pub fn config() -> Config {
         };
         built.tenants = {
             let mut built = TenantConfig::default();
-            built.min_budget = Some(0.001);
+            built.min_budget = Some(NonNegative::new(0.001).unwrap());
             built
         };
         built.sessions = {
@@ -54,7 +54,7 @@ pub fn config() -> Config {
             built
         };
         built.fixed = FixedLimits {
-            session_rate: Some(0.5),
+            session_rate: Some(Positive::new(0.5).unwrap()),
             ..FixedLimits::default()
         };
         built.identity = {
@@ -70,11 +70,12 @@ pub fn config() -> Config {
         ResourceLimits::default()
             .max_concurrent(NonZeroUsize::MIN)
             .max_queue_depth(1)
-            .queue_timeout(Duration::from_millis(100)),
+            .queue_timeout(NonZeroDuration::new(Duration::from_millis(100)).unwrap()),
     );
     config.fifo.keys.insert(
         "vector_search".into(),
-        ResourceLimits::default().queue_timeout(Duration::from_millis(100)),
+        ResourceLimits::default()
+            .queue_timeout(NonZeroDuration::new(Duration::from_millis(100)).unwrap()),
     );
     config.fifo.tools.insert("sql_scan".into(), "db".into());
     // A breaker that opens after two failed calls of create_order, and a deadline that cuts
@@ -82,7 +83,10 @@ pub fn config() -> Config {
     config.breaker.tools.insert("create_order".into());
     config.breaker.window_calls = 2;
     config.breaker.min_calls = 2;
-    config.deadlines.tools_ms.insert("vector_search".into(), 10);
+    config.deadlines.tools.insert(
+        "vector_search".into(),
+        NonZeroDuration::from_millis(10).unwrap(),
+    );
     config
 }
 

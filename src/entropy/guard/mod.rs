@@ -527,7 +527,7 @@ impl Admission for SessionGuard {
             // Measured above; nothing refused.
             Mode::Off => return Ok(SessionPermit(None)),
             Mode::Fixed => match policy.fixed.session_rate {
-                Some(rate) => (rate, Reason::FixedLimitExceeded),
+                Some(rate) => (rate.get(), Reason::FixedLimitExceeded),
                 None => return Ok(SessionPermit(None)),
             },
             Mode::Adaptive => (
