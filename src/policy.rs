@@ -65,6 +65,7 @@ pub enum Off {
 /// One switch per feature, each on by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Features {
     /// The EWMA controller moves the global budget (off: pinned at `stable_budget`).
     pub adaptive_budget: bool,
@@ -91,6 +92,7 @@ impl Default for Features {
 /// limits nothing in fixed mode (absent means off, as everywhere in stormgate).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct FixedLimits {
     /// One rate for everyone.
     pub global_rate: Option<Positive>,

@@ -399,6 +399,7 @@ pub(crate) struct RejectionData {
 /// How rejections are written on the wire. Set once on the classify layer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RejectionFormat {
     /// JSON-RPC error code for requests under MCP revisions before 2026-07-28.
     /// Default -32029.

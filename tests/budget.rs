@@ -708,12 +708,11 @@ async fn a_switch_flipped_by_hand_applies_at_the_next_call() {
         .build();
     let call = Call::request("tools/call").with_tool("x");
     assert!(budget.admit(&call).is_ok());
+    let mut fixed = FixedLimits::default();
+    fixed.global_rate = Some(Positive::new(1.0).unwrap());
     switch.set(Policy {
         mode: Mode::Fixed,
-        fixed: FixedLimits {
-            global_rate: Some(Positive::new(1.0).unwrap()),
-            ..FixedLimits::default()
-        },
+        fixed,
         ..Policy::default()
     });
     let admitted = (0..5).filter(|_| budget.admit(&call).is_ok()).count();

@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use stormgate::admit::Admission;
 use stormgate::budget::{BudgetConfig, TenantConfig};
-use stormgate::control::{AUDIT_PER_SESSION, AdminConfig, Config, Control, FixedLimits, Mode};
+use stormgate::control::{AUDIT_PER_SESSION, AdminConfig, Config, Control, Mode};
 use stormgate::entropy::SessionConfig;
 use stormgate::fifo::ResourceLimits;
 use stormgate::outcome::{Observation, Observer, Outcome};
@@ -74,11 +74,7 @@ async fn fixed_enforces_exactly_its_limits() {
     let config = {
         let mut built = Config::default();
         built.mode = Mode::Fixed;
-        built.fixed = FixedLimits {
-            global_rate: Some(Positive::new(10.0).unwrap()),
-            tenant_rate: None,
-            session_rate: None,
-        };
+        built.fixed.global_rate = Some(Positive::new(10.0).unwrap());
         built
     };
     let control = Control::new(config).unwrap();
@@ -101,11 +97,7 @@ async fn fixed_enforces_exactly_its_limits() {
     let control = Control::new({
         let mut built = Config::default();
         built.mode = Mode::Fixed;
-        built.fixed = FixedLimits {
-            global_rate: None,
-            tenant_rate: Some(Positive::new(5.0).unwrap()),
-            session_rate: None,
-        };
+        built.fixed.tenant_rate = Some(Positive::new(5.0).unwrap());
         built
     })
     .unwrap();
@@ -141,10 +133,7 @@ fn observe(control: &Control, failed: bool) {
 async fn back_to_adaptive_resumes_the_learned_budget() {
     let control = Control::new({
         let mut built = Config::default();
-        built.fixed = FixedLimits {
-            global_rate: Some(Positive::new(50.0).unwrap()),
-            ..FixedLimits::default()
-        };
+        built.fixed.global_rate = Some(Positive::new(50.0).unwrap());
         built
     })
     .unwrap();
@@ -390,10 +379,7 @@ async fn flips_and_reloads_under_load_fail_no_call() {
     // Adaptive and fixed both refuse much of this load; off refuses nothing.
     let base = {
         let mut built = Config::default();
-        built.fixed = FixedLimits {
-            session_rate: Some(Positive::new(1.0).unwrap()),
-            ..FixedLimits::default()
-        };
+        built.fixed.session_rate = Some(Positive::new(1.0).unwrap());
         built.sessions = {
             let mut built = SessionConfig::default();
             built.base_budget = Positive::new(2.0).unwrap();

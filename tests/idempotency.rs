@@ -10,7 +10,7 @@ use axum::body::Body;
 use common::message;
 use http::Request;
 use serde_json::{Value, json};
-use stormgate::control::{Config, Control, FixedLimits, IdentityConfig, Mode};
+use stormgate::control::{Config, Control, IdentityConfig, Mode};
 use stormgate::idempotency::Missing;
 use stormgate::valid::Positive;
 use tower::ServiceExt;
@@ -24,10 +24,7 @@ fn config() -> Config {
             built.session_meta_key = None;
             built
         };
-        built.fixed = FixedLimits {
-            session_rate: Some(Positive::new(0.001).unwrap()),
-            ..FixedLimits::default()
-        };
+        built.fixed.session_rate = Some(Positive::new(0.001).unwrap());
         built
     };
     config.idempotency.tools.insert("create_order".into());

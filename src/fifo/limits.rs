@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 /// At most `max` admissions in any sliding window `(now - length, now]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct WindowLimit {
     /// Admissions allowed per window.
     pub max: NonZeroU32,
@@ -18,6 +19,11 @@ pub struct WindowLimit {
 }
 
 impl WindowLimit {
+    /// At most `max` admissions in any window of `length`.
+    pub fn new(max: NonZeroU32, length: NonZeroDuration) -> Self {
+        WindowLimit { max, length }
+    }
+
     /// `max` admissions per second: a provider's QPS.
     pub fn per_second(max: NonZeroU32) -> Self {
         WindowLimit {
@@ -44,6 +50,7 @@ impl WindowLimit {
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ResourceLimits {
     /// Minimum time between two admissions (`min_interval_ms`). Wins over `rate_per_second`;
     /// zero means no pacing.

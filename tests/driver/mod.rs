@@ -12,7 +12,7 @@ use axum::body::Body;
 use http::Request;
 use serde_json::{Value, json};
 use stormgate::budget::{BudgetConfig, TenantConfig};
-use stormgate::control::{Config, Control, FixedLimits, IdentityConfig, Mode};
+use stormgate::control::{Config, Control, IdentityConfig, Mode};
 use stormgate::entropy::SessionConfig;
 use stormgate::fifo::ResourceLimits;
 use tower::ServiceExt;
@@ -53,10 +53,7 @@ pub fn config() -> Config {
             built.burst = Positive::new(5.0).unwrap();
             built
         };
-        built.fixed = FixedLimits {
-            session_rate: Some(Positive::new(0.5).unwrap()),
-            ..FixedLimits::default()
-        };
+        built.fixed.session_rate = Some(Positive::new(0.5).unwrap());
         built.identity = {
             let mut built = IdentityConfig::default();
             built.tenant_header = Some("x-tenant".into());
