@@ -21,11 +21,13 @@
 use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::valid::NonZeroDuration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request};
@@ -64,15 +66,12 @@ pub enum Stopped {
 pub enum ServeError {
     /// The signal handlers could not be installed, or the server failed.
     Io(std::io::Error),
-    /// A [`Connections`] limit cannot be served (the rule it breaks).
-    Invalid(&'static str),
 }
 
 impl fmt::Display for ServeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ServeError::Io(e) => write!(f, "serving failed: {e}"),
-            ServeError::Invalid(rule) => write!(f, "cannot serve: {rule}"),
         }
     }
 }
@@ -81,7 +80,6 @@ impl std::error::Error for ServeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ServeError::Io(e) => Some(e),
-            ServeError::Invalid(_) => None,
         }
     }
 }
@@ -90,7 +88,6 @@ impl From<ServeError> for std::io::Error {
     fn from(e: ServeError) -> Self {
         match e {
             ServeError::Io(e) => e,
-            ServeError::Invalid(_) => std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
         }
     }
 }
@@ -109,19 +106,20 @@ pub async fn serve(
 /// default once it has a timer).
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections served at once, by default.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+pub const DEFAULT_MAX_CONNECTIONS: NonZeroUsize = NonZeroUsize::new(10_000).unwrap();
 
 /// The limits on the connections [`serve_with`] keeps open: what keeps idle and slow clients
 /// from holding the process's file descriptors until it can accept no one.
 ///
 /// ```
-/// use std::time::Duration;
+/// use std::num::NonZeroUsize;
 /// use stormgate::serve::Connections;
+/// use stormgate::valid::NonZeroDuration;
 ///
 /// let limits = Connections::default()
-///     .header_timeout(Duration::from_secs(10))
-///     .max_connections(2_000);
-/// assert_eq!(limits.max_connections, 2_000);
+///     .header_timeout(NonZeroDuration::from_millis(10_000).unwrap())
+///     .max_connections(NonZeroUsize::new(2_000).unwrap());
+/// assert_eq!(limits.max_connections.get(), 2_000);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -132,18 +130,18 @@ pub struct Connections {
     /// open. A connection without a whole head by then is closed, however it trickles its
     /// bytes; a request whose head has arrived is never cut by it (its body has the
     /// classifier's own timeout, and a stream its answer). Default [`DEFAULT_HEADER_TIMEOUT`].
-    pub header_timeout: Duration,
+    pub header_timeout: NonZeroDuration,
     /// Connections open at once at most: at the cap the listener accepts no more until one
     /// closes (the others wait in the kernel's backlog). Default [`DEFAULT_MAX_CONNECTIONS`];
     /// keep it below the process's file descriptor limit (`ulimit -n`) with room for the
     /// upstream's connections.
-    pub max_connections: usize,
+    pub max_connections: NonZeroUsize,
 }
 
 impl Default for Connections {
     fn default() -> Self {
         Connections {
-            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            header_timeout: NonZeroDuration::of(DEFAULT_HEADER_TIMEOUT),
             max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
@@ -151,25 +149,15 @@ impl Default for Connections {
 
 impl Connections {
     /// With this header timeout.
-    pub fn header_timeout(mut self, timeout: Duration) -> Self {
+    pub fn header_timeout(mut self, timeout: NonZeroDuration) -> Self {
         self.header_timeout = timeout;
         self
     }
 
     /// With this cap on open connections.
-    pub fn max_connections(mut self, max: usize) -> Self {
+    pub fn max_connections(mut self, max: NonZeroUsize) -> Self {
         self.max_connections = max;
         self
-    }
-
-    fn validate(&self) -> Result<(), ServeError> {
-        if self.header_timeout.is_zero() {
-            return Err(ServeError::Invalid("header_timeout must be above 0"));
-        }
-        if self.max_connections == 0 {
-            return Err(ServeError::Invalid("max_connections must be at least 1"));
-        }
-        Ok(())
     }
 }
 
@@ -190,14 +178,13 @@ pub async fn serve_with(
     grace: Duration,
     limits: Connections,
 ) -> Result<Stopped, ServeError> {
-    limits.validate()?;
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Io)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Io)?;
     // Flips when the drain starts: the GET event streams end and the connections close once
     // their calls are answered.
     let (draining, drain) = watch::channel(false);
     let app = app.layer(DrainLayer(drain.clone()));
-    let places = Arc::new(Semaphore::new(limits.max_connections));
+    let places = Arc::new(Semaphore::new(limits.max_connections.get()));
     // Every connection holds a receiver: when none is left, the drain is over.
     let (open, _) = watch::channel(());
     let name = loop {
@@ -227,7 +214,7 @@ pub async fn serve_with(
                 tcp,
                 peer,
                 app: app.clone(),
-                header_timeout: limits.header_timeout,
+                header_timeout: limits.header_timeout.get(),
             },
             drain.clone(),
             (place, open.subscribe()),

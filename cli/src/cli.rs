@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::num::NonZeroUsize;
 use stormgate::serve::Connections;
+use stormgate::valid::NonZeroDuration;
 
 pub(crate) const HELP: &str = "\
 stormgate: the stormgate stack in front of any streamable-HTTP MCP server
@@ -158,15 +160,14 @@ pub(crate) fn parse(
     };
     let mut connections = Connections::default();
     if let Some(v) = header_timeout {
-        connections = connections.header_timeout(Duration::from_millis(number(
-            "--header-timeout-ms",
-            &v,
-            1,
-        )?));
+        let ms = number("--header-timeout-ms", &v, 1)?;
+        connections = connections
+            .header_timeout(NonZeroDuration::from_millis(ms).expect("a number of at least 1"));
     }
     if let Some(v) = max_connections {
         let n = number("--max-connections", &v, 1)?;
-        connections = connections.max_connections(usize::try_from(n).unwrap_or(usize::MAX));
+        let n = NonZeroUsize::new(usize::try_from(n).unwrap_or(usize::MAX));
+        connections = connections.max_connections(n.expect("a number of at least 1"));
     }
     let options = Options {
         listen,
@@ -235,8 +236,8 @@ mod tests {
         ) else {
             panic!()
         };
-        assert_eq!(o.connections.max_connections, 500);
-        assert_eq!(o.connections.header_timeout, Duration::from_secs(5));
+        assert_eq!(o.connections.max_connections.get(), 500);
+        assert_eq!(o.connections.header_timeout.get(), Duration::from_secs(5));
     }
 
     #[test]

@@ -106,10 +106,16 @@ async fn main() -> std::io::Result<()> {
         .map_or(stormgate::serve::DEFAULT_GRACE, Duration::from_millis);
     let mut connections = stormgate::serve::Connections::default();
     if let Some(ms) = number("--header-timeout-ms", "STORMGATE_HEADER_TIMEOUT_MS")? {
-        connections = connections.header_timeout(Duration::from_millis(ms));
+        let timeout = stormgate::valid::NonZeroDuration::from_millis(ms)
+            .map_err(|e| std::io::Error::other(format!("--header-timeout-ms: {e}")))?;
+        connections = connections.header_timeout(timeout);
     }
     if let Some(n) = number("--max-connections", "STORMGATE_MAX_CONNECTIONS")? {
-        connections = connections.max_connections(usize::try_from(n).unwrap_or(usize::MAX));
+        let max = usize::try_from(n)
+            .ok()
+            .and_then(std::num::NonZeroUsize::new)
+            .ok_or_else(|| std::io::Error::other("--max-connections: must be at least 1"))?;
+        connections = connections.max_connections(max);
     }
     stormgate::serve::serve_with(listener, app, grace, connections).await?;
     Ok(())
