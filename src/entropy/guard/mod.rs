@@ -1,31 +1,31 @@
 //! The session guard: per-session windows, health, storm score and budget.
 //!
 //! This module holds the guard itself: its table of accepted sessions and tenants' unverified
-//! pools, admission ([`Admission`] for [`SessionGuard`]), the top-N view and its API. Its
-//! settings are in `config`, one session's state in `session`, what the outcome hook teaches
-//! it in `learning`. It is the [`Judge`] of who a call's client is for the stages that count
+//! pools, the top-N view and its API. Its settings are in `config`, one session's state in
+//! `session`, how a call is admitted ([`Admission`](crate::admit::Admission) for
+//! [`SessionGuard`]) in `admission`, what the outcome hook teaches it in `learning`. It is the [`Judge`] of who a call's client is for the stages that count
 //! clients.
 
+mod admission;
 mod config;
 mod learning;
 mod session;
 
+pub use admission::SessionPermit;
 pub use config::{ERRORS_ALLOWED, SessionConfig};
 pub use session::{HINTS_CALLERS, HINTS_KEPT, HINTS_REACTION, UNVERIFIED_PREFIX};
 
 use crate::error::ConfigError;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
 
 use crate::snapshot::{Live, Part, Read};
 use serde::Serialize;
 use tokio::time::Instant;
 
 use super::key::hash_arguments;
-use super::score::{budget_factor, distress, storm_score};
 use super::window::SessionWindow;
-use crate::admit::{Admission, AdmitLayer};
+use crate::admit::AdmitLayer;
 use crate::bounded::{Bounded, OVERFLOW};
 use crate::call::{Call, SessionId, Tenant};
 use crate::clients::Judge;
@@ -33,10 +33,9 @@ use crate::clients::sealed::Judging;
 use crate::metrics;
 use crate::outcome::Observer;
 use crate::policy::{Mode, Switch};
-use crate::rejection::{Reason, Rejection, Scope};
 use crate::stats::{Ewma, OwnBaselines, Recent, ToolBaselines};
 use config::{BASELINE_ALPHA, HEALTH_ALPHA};
-use session::{Pool, Session, secs_ns, weight_of};
+use session::{Pool, Session};
 
 pub use crate::stats::MAX_TOOLS;
 
@@ -97,20 +96,6 @@ impl std::fmt::Debug for SessionGuard {
             .field("pools", &self.inner.pools.len())
             .field("config", &self.inner.config.load())
             .finish()
-    }
-}
-
-/// What an admitted call took from its session, to give back if a later stage refuses it.
-/// The call counts as in flight for its session until the permit is dropped.
-#[derive(Debug)]
-pub struct SessionPermit(Option<(Arc<Mutex<Session>>, f64)>);
-
-impl Drop for SessionPermit {
-    fn drop(&mut self) {
-        if let Some((entry, _)) = &self.0 {
-            let mut s = lock(entry);
-            s.in_flight = s.in_flight.saturating_sub(1);
-        }
     }
 }
 
@@ -469,124 +454,6 @@ impl SessionGuard {
                 SessionGuard { inner }.sweep_idle();
             }
         })
-    }
-}
-
-impl Admission for SessionGuard {
-    type Permit = SessionPermit;
-
-    fn admit(&self, call: &Call) -> Result<SessionPermit, Rejection> {
-        let config = self.config_of(call);
-        if !config.enabled || call.target().is_none() {
-            // Off, or protocol chatter (initialize, tools/list, ping): not the work guarded.
-            return Ok(SessionPermit(None));
-        }
-        let now = self.now();
-        let key = self.resource_key(call);
-        let cost = f64::from(call.cost.max(1));
-        let entry = self.state(call);
-        let mut s = lock(&entry);
-        let dt = Duration::from_nanos(now.saturating_sub(s.last)).as_secs_f64();
-        let first = s.calls == 0;
-        s.calls += 1;
-        s.last = now;
-        let window = config.window_size.get().as_secs_f64();
-        s.arrive(now, window, key, weight_of(call, &config));
-        let (signals, tolerances) = s.signals(now, &config);
-        let t = &tolerances;
-        let healthy = distress(&signals, t) == 0.0;
-        if healthy {
-            s.entropy_baseline.update(signals.entropy);
-        }
-        s.score = storm_score(&signals, t);
-        let policy = self.inner.switch.of(call);
-        // Evidence: calls that ran, or calls made straight through refusals (which need none
-        // to run).
-        let evidence =
-            s.finished >= u64::from(config.min_calls) || signals.ignored_hints > t.ignored_hints;
-        let target = if policy.features.entropy_penalty && evidence {
-            budget_factor(
-                s.score,
-                config.entropy_coefficient.get(),
-                config.min_factor.get(),
-            )
-        } else {
-            1.0
-        };
-        // Cut at once; regained by steps only once the session is healthy again, so a storm
-        // whose errors dip for a moment keeps its penalty.
-        s.factor = if target <= s.factor || first {
-            target
-        } else if healthy || !policy.features.entropy_penalty {
-            (s.factor + config.recover_step.get() * dt).min(target)
-        } else {
-            s.factor
-        };
-        s.note_storm();
-        let (rate, reason) = match policy.mode {
-            // Measured above; nothing refused.
-            Mode::Off => return Ok(SessionPermit(None)),
-            Mode::Fixed => match policy.fixed.session_rate {
-                Some(rate) => (rate.get(), Reason::FixedLimitExceeded),
-                None => return Ok(SessionPermit(None)),
-            },
-            Mode::Adaptive => (
-                config.base_budget.get() * s.factor,
-                Reason::SessionBudgetExceeded,
-            ),
-        };
-        let cap = (config.burst.get() * rate / config.base_budget.get()).max(cost);
-        // On probation (slow start): a full bucket, refilled at `trust` of the rate. A fixed
-        // limit is the same for everyone.
-        let trust = if policy.mode == Mode::Adaptive {
-            s.trust
-        } else {
-            1.0
-        };
-        s.tokens = (s.tokens + rate * trust * dt).min(cap);
-        // Consumption: admitted cost per second, decaying over one window.
-        let tau = config.window_size.get().as_secs_f64();
-        s.consumed *= (-dt / tau).exp();
-        if s.tokens >= cost {
-            s.tokens -= cost;
-            s.consumed += cost / tau;
-            s.start();
-            drop(s);
-            Ok(SessionPermit(Some((entry, cost))))
-        } else {
-            s.rejected += 1;
-            // Its own slot in the refill: after the deficit, and after the last refusal's slot
-            // (so a burst refused together comes back spread, each when its tokens are there).
-            let refill = rate * trust;
-            let own = now.saturating_add(secs_ns((cost - s.tokens) / refill));
-            // At most one window past its own: a client that keeps calling through its
-            // refusals does not push the slots out without end.
-            let slot = own
-                .max(s.hinted.saturating_add(secs_ns(cost / refill)))
-                .min(own.saturating_add(secs_ns(window)));
-            s.hinted = slot;
-            let wait = Duration::from_nanos(slot - now).max(Duration::from_millis(1));
-            s.refused(now, window, Some(wait));
-            let reason = if reason != Reason::SessionBudgetExceeded {
-                reason
-            } else if s.factor < 1.0 {
-                Reason::SessionStorm
-            } else if trust < 1.0 {
-                Reason::SessionProbation
-            } else {
-                reason
-            };
-            ::metrics::counter!(metrics::SESSION_REJECTED).increment(1);
-            Err(Rejection::new(reason, Scope::AgentSession, wait))
-        }
-    }
-
-    fn refund(&self, permit: SessionPermit) {
-        if let Some((entry, cost)) = &permit.0 {
-            let mut s = lock(entry);
-            s.tokens += cost;
-            s.consumed -= cost / self.inner.config.load().window_size.get().as_secs_f64();
-        }
     }
 }
 

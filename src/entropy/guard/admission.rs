@@ -1,0 +1,148 @@
+//! How the session guard admits a call: the call arrives in its session's window, the
+//! session's storm score and health set its budget factor, and its bucket (refilled at the
+//! session's budget, at `probation` of it while the session is new) pays for the call or
+//! refuses it with the wait until its own slot in the refill.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::session::{Session, secs_ns, weight_of};
+use super::{SessionGuard, lock};
+use crate::admit::Admission;
+use crate::call::Call;
+use crate::entropy::score::{budget_factor, distress, storm_score};
+use crate::metrics;
+use crate::policy::Mode;
+use crate::rejection::{Reason, Rejection, Scope};
+
+/// What an admitted call took from its session, to give back if a later stage refuses it.
+/// The call counts as in flight for its session until the permit is dropped.
+#[derive(Debug)]
+pub struct SessionPermit(Option<(Arc<Mutex<Session>>, f64)>);
+
+impl Drop for SessionPermit {
+    fn drop(&mut self) {
+        if let Some((entry, _)) = &self.0 {
+            let mut s = lock(entry);
+            s.in_flight = s.in_flight.saturating_sub(1);
+        }
+    }
+}
+
+impl Admission for SessionGuard {
+    type Permit = SessionPermit;
+
+    fn admit(&self, call: &Call) -> Result<SessionPermit, Rejection> {
+        let config = self.config_of(call);
+        if !config.enabled || call.target().is_none() {
+            // Off, or protocol chatter (initialize, tools/list, ping): not the work guarded.
+            return Ok(SessionPermit(None));
+        }
+        let now = self.now();
+        let key = self.resource_key(call);
+        let cost = f64::from(call.cost.max(1));
+        let entry = self.state(call);
+        let mut s = lock(&entry);
+        let dt = Duration::from_nanos(now.saturating_sub(s.last)).as_secs_f64();
+        let first = s.calls == 0;
+        s.calls += 1;
+        s.last = now;
+        let window = config.window_size.get().as_secs_f64();
+        s.arrive(now, window, key, weight_of(call, &config));
+        let (signals, tolerances) = s.signals(now, &config);
+        let t = &tolerances;
+        let healthy = distress(&signals, t) == 0.0;
+        if healthy {
+            s.entropy_baseline.update(signals.entropy);
+        }
+        s.score = storm_score(&signals, t);
+        let policy = self.inner.switch.of(call);
+        // Evidence: calls that ran, or calls made straight through refusals (which need none
+        // to run).
+        let evidence =
+            s.finished >= u64::from(config.min_calls) || signals.ignored_hints > t.ignored_hints;
+        let target = if policy.features.entropy_penalty && evidence {
+            budget_factor(
+                s.score,
+                config.entropy_coefficient.get(),
+                config.min_factor.get(),
+            )
+        } else {
+            1.0
+        };
+        // Cut at once; regained by steps only once the session is healthy again, so a storm
+        // whose errors dip for a moment keeps its penalty.
+        s.factor = if target <= s.factor || first {
+            target
+        } else if healthy || !policy.features.entropy_penalty {
+            (s.factor + config.recover_step.get() * dt).min(target)
+        } else {
+            s.factor
+        };
+        s.note_storm();
+        let (rate, reason) = match policy.mode {
+            // Measured above; nothing refused.
+            Mode::Off => return Ok(SessionPermit(None)),
+            Mode::Fixed => match policy.fixed.session_rate {
+                Some(rate) => (rate.get(), Reason::FixedLimitExceeded),
+                None => return Ok(SessionPermit(None)),
+            },
+            Mode::Adaptive => (
+                config.base_budget.get() * s.factor,
+                Reason::SessionBudgetExceeded,
+            ),
+        };
+        let cap = (config.burst.get() * rate / config.base_budget.get()).max(cost);
+        // On probation (slow start): a full bucket, refilled at `trust` of the rate. A fixed
+        // limit is the same for everyone.
+        let trust = if policy.mode == Mode::Adaptive {
+            s.trust
+        } else {
+            1.0
+        };
+        s.tokens = (s.tokens + rate * trust * dt).min(cap);
+        // Consumption: admitted cost per second, decaying over one window.
+        let tau = config.window_size.get().as_secs_f64();
+        s.consumed *= (-dt / tau).exp();
+        if s.tokens >= cost {
+            s.tokens -= cost;
+            s.consumed += cost / tau;
+            s.start();
+            drop(s);
+            Ok(SessionPermit(Some((entry, cost))))
+        } else {
+            s.rejected += 1;
+            // Its own slot in the refill: after the deficit, and after the last refusal's slot
+            // (so a burst refused together comes back spread, each when its tokens are there).
+            let refill = rate * trust;
+            let own = now.saturating_add(secs_ns((cost - s.tokens) / refill));
+            // At most one window past its own: a client that keeps calling through its
+            // refusals does not push the slots out without end.
+            let slot = own
+                .max(s.hinted.saturating_add(secs_ns(cost / refill)))
+                .min(own.saturating_add(secs_ns(window)));
+            s.hinted = slot;
+            let wait = Duration::from_nanos(slot - now).max(Duration::from_millis(1));
+            s.refused(now, window, Some(wait));
+            let reason = if reason != Reason::SessionBudgetExceeded {
+                reason
+            } else if s.factor < 1.0 {
+                Reason::SessionStorm
+            } else if trust < 1.0 {
+                Reason::SessionProbation
+            } else {
+                reason
+            };
+            ::metrics::counter!(metrics::SESSION_REJECTED).increment(1);
+            Err(Rejection::new(reason, Scope::AgentSession, wait))
+        }
+    }
+
+    fn refund(&self, permit: SessionPermit) {
+        if let Some((entry, cost)) = &permit.0 {
+            let mut s = lock(entry);
+            s.tokens += cost;
+            s.consumed -= cost / self.inner.config.load().window_size.get().as_secs_f64();
+        }
+    }
+}
