@@ -47,6 +47,26 @@ impl DocumentError for serde_json::Error {
     }
 }
 
+/// The longest field path and rule a document's error keeps, in bytes.
+#[cfg(any(feature = "toml", test))]
+const MAX_FIELD: usize = 256;
+#[cfg(any(feature = "toml", test))]
+const MAX_RULE: usize = 512;
+
+/// `text` cut to at most `max` bytes (at a character boundary), marked `...` where cut.
+#[cfg(any(feature = "toml", test))]
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let end = (0..=max)
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        text.truncate(end);
+        text.push_str("...");
+    }
+    text
+}
+
 /// Every parameter of every stage (TOML file, or built in code). Each section has its
 /// documented defaults; absent optional limits mean that dimension is off.
 ///
@@ -280,7 +300,9 @@ impl Config {
             if e.path().iter().next().is_none() {
                 return e.into_inner().into();
             }
-            ConfigError::new(e.path().to_string(), e.inner().rule()).into()
+            // Both quote the document's keys, which its writer chooses: kept short.
+            let field = cut(e.path().to_string(), MAX_FIELD);
+            ConfigError::new(field, cut(e.inner().rule(), MAX_RULE)).into()
         })
     }
 
@@ -416,6 +438,12 @@ mod tests {
                 "invalid type: string \"x\", expected f64",
             ),
         ];
+        // A key its writer made long is named short.
+        let long = "k".repeat(10_000);
+        let err = Config::from_toml(&format!("[budget]\n{long} = 1\n")).unwrap_err();
+        let err = err.config_error().expect("a field named");
+        assert!(err.field.starts_with("budget.kkk") && err.field.len() <= MAX_FIELD + 3);
+        assert!(err.rule.starts_with("unknown field `kkk") && err.rule.len() <= MAX_RULE + 3);
         for (text, field, rule) in cases {
             let err = Config::from_toml(text).unwrap_err();
             let err = err
