@@ -124,7 +124,7 @@ fn the_example_config_holds_the_seed_presets() {
     assert_eq!(db.max_queue_depth, Some(8));
     assert_eq!(
         db.queue_timeout,
-        Some(Duration::from_secs(2)).map(|v| NonZeroDuration::new(v).unwrap())
+        NonZeroDuration::new(Duration::from_secs(2)).ok()
     );
     assert!(limiter.limits("cache_get").is_unlimited());
     assert_eq!(config.fifo.tools["sql_scan"], "db");

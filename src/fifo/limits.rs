@@ -194,7 +194,7 @@ mod tests {
         assert_eq!(a.max_queue_depth, Some(8));
         assert_eq!(
             a.queue_timeout,
-            Some(Duration::from_secs(20)).map(|v| NonZeroDuration::new(v).unwrap())
+            NonZeroDuration::new(Duration::from_secs(20)).ok()
         );
         let n = ResourceLimits::ncbi_eutils();
         assert_eq!(n.pacing(), Duration::from_millis(334));
