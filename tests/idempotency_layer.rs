@@ -2,7 +2,8 @@
 //! time: exact): a key's first call dropped while it runs keeps nothing, so its retry runs; a
 //! duplicate dropped while it waits for the first leaves the first's answer kept for later
 //! duplicates; the first dropped while a duplicate waits lets the duplicate run in its place;
-//! a service error keeps nothing.
+//! a service error keeps nothing; an answer dropped mid-stream is kept only if its message
+//! passed.
 
 mod common;
 
@@ -133,4 +134,63 @@ async fn a_service_error_keeps_nothing_and_the_retry_runs() {
     assert_eq!(id, 2);
     send.send_response(answer(2));
     assert_eq!(body_json(retry.await.unwrap().unwrap()).await["id"], 2);
+}
+
+/// An answer streamed as rmcp streams it (SSE), fed one chunk at a time by the test.
+fn streamed() -> (
+    tokio::sync::mpsc::Sender<Result<bytes::Bytes, BoxError>>,
+    Response<Body>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, BoxError>>(4);
+    let stream = futures::stream::unfold(rx, |mut rx| async { rx.recv().await.map(|c| (c, rx)) });
+    let response = Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(stream))
+        .unwrap();
+    (tx, response)
+}
+
+/// The first call's answer dropped mid-stream, before its message passed: nothing whole was
+/// kept, so the key is free and the retry runs. Dropped after its message passed (the stream
+/// still open): the answer is kept, and a duplicate is replayed without running.
+#[tokio::test(start_paused = true)]
+async fn an_answer_dropped_mid_stream_is_kept_only_if_its_message_passed() {
+    let (stack, mut handle) = stack();
+    let first = order(&stack, 1);
+    let (_, send) = reached(&mut handle).await.expect("the first runs");
+    let (tx, response) = streamed();
+    send.send_response(response);
+    let response = first.await.unwrap().unwrap();
+    tx.send(Ok(bytes::Bytes::from_static(
+        b"data: {\"jsonrpc\":\"2.0\",\"id\":1,",
+    )))
+    .await
+    .unwrap();
+    drop(response);
+    assert!(tx.is_closed(), "the answer was dropped mid-stream");
+    let retry = order(&stack, 2);
+    let (id, send) = reached(&mut handle)
+        .await
+        .expect("nothing kept: the retry runs");
+    assert_eq!(id, 2);
+
+    let (tx, response) = streamed();
+    send.send_response(response);
+    let response = retry.await.unwrap().unwrap();
+    let message = json!({"jsonrpc": "2.0", "id": 2,
+                         "result": {"content": [{"type": "text", "text": "order 8"}]}});
+    tx.send(Ok(format!("data: {message}\n\n").into()))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let frame = http_body_util::BodyExt::frame(&mut body).await;
+    assert!(frame.is_some_and(|f| f.is_ok()), "the message passed");
+    drop(body);
+    let again = body_json(order(&stack, 3).await.unwrap().unwrap()).await;
+    assert_eq!(again["id"], 3, "replayed with its own id");
+    assert_eq!(again["result"]["content"][0]["text"], "order 8", "{again}");
+    assert!(
+        reached(&mut handle).await.is_none(),
+        "the duplicate never ran"
+    );
 }
