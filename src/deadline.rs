@@ -175,7 +175,7 @@ where
         let cut = match req.extensions().get::<Calls>() {
             Some(calls) => calls
                 .iter()
-                .filter_map(|c| c.deadline)
+                .filter_map(|c| c.deadline())
                 .min()
                 .map(|deadline| Cut {
                     deadline,

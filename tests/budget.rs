@@ -538,11 +538,10 @@ async fn in_a_contended_tenant_the_sessions_above_their_share_are_refused_not_th
         })
         .build();
     let call = |session: &str| {
-        let mut c = Call::request("tools/call")
+        Call::request("tools/call")
             .with_tool("sql_scan")
-            .with_session(stormgate::SessionId::new(session));
-        c.cost = 50;
-        c
+            .with_session(stormgate::SessionId::new(session))
+            .with_cost(50)
     };
     let heavy = call("heavy");
     let light: Vec<Call> = (0..4).map(|i| call(&format!("light-{i}"))).collect();
@@ -594,11 +593,10 @@ async fn a_bursting_runaway_does_not_get_a_complex_agents_heavier_calls_refused(
         })
         .build();
     let call = |session: &str, tool: &str, cost: u32| {
-        let mut c = Call::request("tools/call")
+        Call::request("tools/call")
             .with_tool(tool)
-            .with_session(stormgate::SessionId::new(session));
-        c.cost = cost;
-        c
+            .with_session(stormgate::SessionId::new(session))
+            .with_cost(cost)
     };
     let steady: Vec<Call> = (0..4)
         .map(|i| call(&format!("steady-{i}"), "sql_scan", 50))
@@ -733,12 +731,11 @@ async fn light_refusals(one_tenant: bool) -> usize {
         })
         .build();
     let call = |session: &str, tenant: &str| {
-        let mut c = Call::request("tools/call")
+        Call::request("tools/call")
             .with_tool("sql_scan")
             .with_session(stormgate::SessionId::new(session))
-            .with_tenant(Tenant::new(if one_tenant { tenant } else { session }));
-        c.cost = 50;
-        c
+            .with_tenant(Tenant::new(if one_tenant { tenant } else { session }))
+            .with_cost(50)
     };
     let heavy = [call("heavy", "acme"), call("other", "other")];
     let light: Vec<Call> = (0..11)
@@ -804,11 +801,10 @@ async fn a_swarm_of_eight_sessions_does_not_get_a_complex_agent_at_two_calls_a_s
         })
         .build();
     let call = |session: &str, tool: &str, cost: u32| {
-        let mut c = Call::request("tools/call")
+        Call::request("tools/call")
             .with_tool(tool)
-            .with_session(stormgate::SessionId::new(session));
-        c.cost = cost;
-        c
+            .with_session(stormgate::SessionId::new(session))
+            .with_cost(cost)
     };
     let steady: Vec<Call> = (0..4)
         .map(|i| call(&format!("steady-{i}"), "sql_scan", 50))

@@ -53,7 +53,7 @@ async fn single_request_with_number_id() {
     assert_eq!(call.resource, None);
     assert_eq!(call.tenant.as_str(), "anonymous");
     assert_eq!(call.session.as_str(), "anonymous");
-    assert_eq!(call.cost, 1);
+    assert_eq!(call.cost(), 1);
     assert!(call.is_chargeable());
 }
 

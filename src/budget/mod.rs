@@ -501,7 +501,7 @@ impl Budget {
                 });
             taking.take(Bucket::Global, standing.light, GLOBAL)?;
             taking.leases(leasing, false)?;
-            call.charges.set_charged_to(ChargedTo {
+            call.charges().set_charged_to(ChargedTo {
                 client,
                 beyond_share: standing.beyond,
             });
@@ -530,7 +530,7 @@ impl Budget {
             .and_then(|()| taking.leases(leasing, true))
         {
             Ok(()) => {
-                call.charges.set_charged_to(ChargedTo {
+                call.charges().set_charged_to(ChargedTo {
                     client,
                     beyond_share,
                 });
@@ -549,7 +549,7 @@ impl Budget {
             })?;
         taking.leases(leasing, false)?;
         taking.force(Bucket::Global);
-        call.charges.set_charged_to(ChargedTo {
+        call.charges().set_charged_to(ChargedTo {
             client,
             beyond_share: false,
         });
@@ -569,7 +569,7 @@ impl Admission for Budget {
             });
         }
         let now = self.now();
-        let cost = u64::from(call.cost.max(1));
+        let cost = u64::from(call.cost().max(1));
         if !Arc::ptr_eq(&self.inner.switch.load(), &self.inner.applied.load()) {
             self.apply_policy(); // the switch was flipped by hand
         }

@@ -13,7 +13,7 @@ use tower::{BoxError, Service};
 use super::ResponseFuture;
 use super::gather::Gather;
 use super::layer::Settings;
-use crate::call::{Bypassed, Call, Calls, Meta, Unclassified};
+use crate::call::{Bypassed, Call, Calls, Meta, Pipeline, Unclassified};
 use crate::mcp::{self, ProtocolVersion};
 use crate::snapshot::{Live, Snapshot};
 
@@ -149,7 +149,7 @@ pub(super) fn classified(mut parts: Parts, body: Bytes, shared: &Settings) -> Re
                     ::metrics::counter!(crate::metrics::HEADER_MISMATCH).increment(1);
                 }
             }
-            if let Some(d) = calls.single().and_then(|c| c.deadline) {
+            if let Some(d) = calls.single().and_then(|c| c.deadline()) {
                 parts.extensions.insert(crate::extensions::Deadline(d));
             }
             parts.extensions.insert(calls);
@@ -213,23 +213,27 @@ pub(crate) fn classify(
                 session: shared.identity.session(parts, Meta::new(m.meta), &tenant),
                 tenant: tenant.clone(),
                 protocol_version,
-                cost: match (&shared.costs, tool) {
-                    (Some(costs), Some(tool)) => costs.weight_in(tool, snapshot.map(Arc::as_ref)),
-                    _ => 1,
-                },
                 header_mismatch,
                 span: m.span,
                 seq: u32::try_from(seq).unwrap_or(u32::MAX),
-                deadline: tool
-                    .zip(deadlines)
-                    .and_then(|(t, d)| d.for_tool(t))
-                    .map(|d| now + d),
                 arguments: m.arguments.map(|raw| {
                     let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
                     body.slice(start..start + raw.get().len())
                 }),
-                charges: Default::default(),
-                snapshot: snapshot.cloned(),
+                pipeline: Pipeline {
+                    cost: match (&shared.costs, tool) {
+                        (Some(costs), Some(tool)) => {
+                            costs.weight_in(tool, snapshot.map(Arc::as_ref))
+                        }
+                        _ => 1,
+                    },
+                    deadline: tool
+                        .zip(deadlines)
+                        .and_then(|(t, d)| d.for_tool(t))
+                        .map(|d| now + d),
+                    charges: Default::default(),
+                    snapshot: snapshot.cloned(),
+                },
             }
         })
         .collect();

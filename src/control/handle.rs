@@ -591,7 +591,7 @@ mod tests {
             let mut seen = [0usize; 2];
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let mut call = Call::request("tools/call");
-                call.snapshot = Some(inner.snapshot.load_full());
+                call.pipeline.snapshot = Some(inner.snapshot.load_full());
                 let budget = inner.budget.config_of(&call);
                 let whole = if budget == a.budget { &a } else { &b };
                 assert_eq!(budget, whole.budget);

@@ -155,13 +155,13 @@ impl<S> FifoLimit<S> {
                 // A place shared by several calls must come before the earliest deadline.
                 let deadline = indices
                     .iter()
-                    .filter_map(|&i| calls.calls[i].deadline)
+                    .filter_map(|&i| calls.calls[i].deadline())
                     .min();
                 // A place shared by several calls (one client's batch) is beyond its share
                 // only if every call is; unknown if any call was not charged.
                 let charged_to = indices
                     .iter()
-                    .map(|&i| calls.calls[i].charges.charged_to())
+                    .map(|&i| calls.calls[i].charges().charged_to())
                     .reduce(|a, b| {
                         let (a, b) = (a?, b?);
                         Some(ChargedTo {

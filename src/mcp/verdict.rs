@@ -67,7 +67,7 @@ pub(crate) fn apply(mut request: Request<Body>, rejected: &[(usize, Rejection)])
     };
     for (i, r) in rejected {
         // A refusal is not work: the stages before give back what they charged.
-        calls.calls[*i].charges.refund();
+        calls.calls[*i].charges().refund();
         calls.refusals.refused(&calls.calls[*i], r);
     }
     let refused = rejected.iter().map(|(i, _)| calls.calls[*i].seq).collect();

@@ -49,7 +49,7 @@ impl Pending {
     fn report(&self, call: &Call, outcome: Outcome, bytes: u64) {
         if outcome == Outcome::ClientError {
             // Rejected unrun: every stage gives back what it charged.
-            call.charges.refund();
+            call.charges().refund();
         }
         let minted;
         let call = match &self.minted {

@@ -40,7 +40,7 @@ impl Admission for SessionGuard {
         }
         let now = self.now();
         let key = self.resource_key(call);
-        let cost = f64::from(call.cost.max(1));
+        let cost = f64::from(call.cost().max(1));
         let entry = self.state(call);
         let mut s = lock(&entry);
         let dt = Duration::from_nanos(now.saturating_sub(s.last)).as_secs_f64();

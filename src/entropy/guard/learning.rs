@@ -80,7 +80,7 @@ impl SessionGuard {
             && secs > c + floor
             && self.inner.switch.of(o.call).mode == Mode::Adaptive
         {
-            let extra = f64::from(o.call.cost.max(1)) * (secs - c) / c.max(floor).max(1e-6);
+            let extra = f64::from(o.call.cost().max(1)) * (secs - c) / c.max(floor).max(1e-6);
             s.tokens = (s.tokens - extra).max(-config.burst.get());
             s.consumed += extra / config.window_size.get().as_secs_f64();
         }

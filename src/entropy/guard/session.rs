@@ -264,5 +264,9 @@ impl Session {
 
 /// What a call counts for in its session's window: its weight, or one.
 pub(super) fn weight_of(call: &Call, config: &SessionConfig) -> u32 {
-    if config.weighted { call.cost.max(1) } else { 1 }
+    if config.weighted {
+        call.cost().max(1)
+    } else {
+        1
+    }
 }

@@ -1,0 +1,164 @@
+//! The names a call is known by: its tenant, its session, its JSON-RPC id, each bounded where
+//! a client chooses it.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+
+/// The tenant a call is charged to. Insert it as a request extension from your auth layer.
+///
+/// ```
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert(stormgate::Tenant::new("acme"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tenant(Arc<str>);
+
+impl Tenant {
+    /// A tenant with this name.
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Tenant(name.into())
+    }
+
+    /// The tenant every unauthenticated call belongs to.
+    pub fn anonymous() -> Self {
+        static ANONYMOUS: std::sync::LazyLock<Tenant> =
+            std::sync::LazyLock::new(|| Tenant(Arc::from("anonymous")));
+        ANONYMOUS.clone()
+    }
+
+    /// The tenant's name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Tenant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The agent session a call belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(Arc<str>);
+
+impl SessionId {
+    /// A session with this id.
+    pub fn new(id: impl Into<Arc<str>>) -> Self {
+        SessionId(id.into())
+    }
+
+    /// The session id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The tenant's name as a session (the identity's last rung), shared, not copied.
+    pub(crate) fn of_tenant(tenant: &Tenant) -> Self {
+        SessionId(tenant.0.clone())
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A JSON-RPC id exactly as the client wrote it (number, string or null), echoed verbatim.
+/// Classified from a body, it is that body's text (a slice of it, not a copy).
+#[derive(Clone)]
+pub struct RequestId(Bytes);
+
+impl RequestId {
+    /// Parses an id from its JSON text.
+    pub fn from_json(json: &str) -> Result<Self, serde_json::Error> {
+        let json = json.trim();
+        serde_json::from_str::<&RawValue>(json)?;
+        Ok(RequestId(Bytes::copy_from_slice(json.as_bytes())))
+    }
+
+    /// The id's JSON text, as sent.
+    pub fn as_json(&self) -> &str {
+        // The text of a parsed JSON value: UTF-8 by construction.
+        std::str::from_utf8(&self.0).unwrap_or("null")
+    }
+
+    /// The id's JSON text as bytes: compared without reading it as text again.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The id `raw`, a value parsed from `body`: its span of `body`.
+    pub(crate) fn in_body(body: &Bytes, raw: &RawValue) -> Self {
+        RequestId(body.slice_ref(raw.get().as_bytes()))
+    }
+
+    pub(crate) fn raw(&self) -> &RawValue {
+        serde_json::from_str(self.as_json()).unwrap_or(RawValue::NULL)
+    }
+}
+
+impl fmt::Debug for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RequestId").field(&self.as_json()).finish()
+    }
+}
+
+impl PartialEq for RequestId {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_json() == other.as_json()
+    }
+}
+
+impl Eq for RequestId {}
+
+/// The longest client-chosen identity (session id, tenant header) kept as it is, bytes.
+pub const MAX_ID_LEN: usize = 128;
+
+/// `id` as stored: as it is up to [`MAX_ID_LEN`] bytes, else `~` and a 64-bit hash of it (so a
+/// megabyte of `Mcp-Session-Id` costs 17 bytes wherever the id is kept or logged, and long
+/// ids stay apart).
+pub(crate) fn bounded(id: &str) -> Cow<'_, str> {
+    if id.len() <= MAX_ID_LEN {
+        return Cow::Borrowed(id);
+    }
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut h);
+    Cow::Owned(format!("~{:016x}", h.finish()))
+}
+
+/// [`bounded`], of a shared name: the name itself (shared, not copied) when it fits.
+pub(crate) fn bounded_name(name: &Arc<str>) -> Arc<str> {
+    match bounded(name) {
+        Cow::Borrowed(_) => name.clone(),
+        Cow::Owned(hashed) => hashed.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any client-chosen identity is stored in at most MAX_ID_LEN bytes, and distinct long
+        /// ids stay apart.
+        #[test]
+        fn ids_of_any_length_are_stored_bounded(a in ".{0,400}", b in ".{0,400}") {
+            let (x, y) = (bounded(&a), bounded(&b));
+            prop_assert!(x.len() <= MAX_ID_LEN);
+            if a.len() <= MAX_ID_LEN {
+                prop_assert_eq!(&*x, a.as_str());
+            }
+            if a != b {
+                prop_assert_ne!(x, y);
+            }
+        }
+    }
+}
