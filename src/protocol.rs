@@ -3,14 +3,20 @@
 use std::fmt;
 use std::str::FromStr;
 
+use http::HeaderName;
+
+// Header names, not text: a lookup by text parses the name on every request.
+
 /// `Mcp-Session-Id`: the session header of MCP revisions before 2026-07-28.
-pub const SESSION_ID: &str = "mcp-session-id";
+pub const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 /// `MCP-Protocol-Version`: the revision a request declares.
-pub const PROTOCOL_VERSION: &str = "mcp-protocol-version";
+pub const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
 /// `Mcp-Method` (MCP 2026-07-28): the request's method, mirrored in a header.
-pub const METHOD: &str = "mcp-method";
+pub const METHOD: HeaderName = HeaderName::from_static("mcp-method");
 /// `Mcp-Name` (MCP 2026-07-28): the tool, resource or prompt name, mirrored in a header.
-pub const NAME: &str = "mcp-name";
+pub const NAME: HeaderName = HeaderName::from_static("mcp-name");
+/// `Last-Event-ID`: where a client resumes an SSE stream.
+pub(crate) const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 
 /// An MCP protocol revision, a date such as `2025-11-25`, ordered by date (held as the
 /// number `20251125`).

@@ -156,7 +156,7 @@ impl Identify for DefaultIdentity {
     fn session(&self, parts: &Parts, meta: Meta<'_>, tenant: &Tenant) -> SessionId {
         if let Some(id) = parts
             .headers
-            .get(crate::protocol::SESSION_ID)
+            .get(&crate::protocol::SESSION_ID)
             .and_then(|v| v.to_str().ok())
             .filter(|v| !v.is_empty())
         {

@@ -163,7 +163,7 @@ pub(super) fn classified(mut parts: Parts, body: Bytes, shared: &Settings) -> Re
     Request::from_parts(parts, Body::from(body))
 }
 
-fn header_str<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
+fn header_str<'a>(parts: &'a Parts, name: &http::HeaderName) -> Option<&'a str> {
     parts.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -175,14 +175,14 @@ pub(crate) fn classify(
 ) -> Result<Calls, Unclassified> {
     let parsed = mcp::parse(body)?;
     let protocol_version =
-        header_str(parts, mcp::PROTOCOL_VERSION).and_then(|v| v.parse::<ProtocolVersion>().ok());
+        header_str(parts, &mcp::PROTOCOL_VERSION).and_then(|v| v.parse::<ProtocolVersion>().ok());
     if parsed.batch && !shared.batches.classifies(protocol_version) {
         return Err(Unclassified::BatchUnsupported);
     }
     let snapshot = parts.extensions.get::<Arc<Snapshot>>();
     let tenant = shared.identity.tenant(parts);
-    let header_method = header_str(parts, mcp::METHOD);
-    let header_name = header_str(parts, mcp::NAME);
+    let header_method = header_str(parts, &mcp::METHOD);
+    let header_name = header_str(parts, &mcp::NAME);
     let single = !parsed.batch;
     let now = tokio::time::Instant::now();
     // The kill switch's `off` refuses nothing: no deadline to cut a call at.

@@ -16,6 +16,7 @@ use http::HeaderMap;
 
 use super::proxy::Upstream;
 use crate::call::{CallKind, Calls, RequestId};
+use crate::protocol::{LAST_EVENT_ID, METHOD, NAME};
 use crate::watched::{Watch, Watched};
 
 /// The cancellation of one proxied request's calls, sent when dropped armed.
@@ -44,7 +45,7 @@ impl Cancel {
             return None;
         }
         let mut headers = headers.clone();
-        for name in ["mcp-method", "mcp-name", "last-event-id"] {
+        for name in [METHOD, NAME, LAST_EVENT_ID] {
             headers.remove(name);
         }
         Some(Cancel {

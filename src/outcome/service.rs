@@ -109,7 +109,7 @@ where
         let status = response.status();
         if let Some(id) = response
             .headers()
-            .get(crate::protocol::SESSION_ID)
+            .get(&crate::protocol::SESSION_ID)
             .and_then(|v| v.to_str().ok())
             .filter(|v| status.is_success() && !v.is_empty())
         {
