@@ -50,9 +50,14 @@ pub(crate) fn hash_arguments(
             Err(_) => raw(args, h),
         },
         None => {
+            // Checked as UTF-8 once, whole: read as text, serde does not check each string
+            // again.
+            let Ok(text) = std::str::from_utf8(args) else {
+                return raw(args, h);
+            };
             // Into a copy, kept only if the whole text is one JSON value.
             let mut canonical = h.clone();
-            let mut de = serde_json::Deserializer::from_slice(args);
+            let mut de = serde_json::Deserializer::from_str(text);
             let read = Canonical {
                 keys,
                 h: &mut canonical,

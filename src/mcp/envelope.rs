@@ -228,9 +228,11 @@ fn first_byte(raw: &str) -> Option<u8> {
 
 /// Parses a body. `Err` means it is not JSON-RPC and must be forwarded untouched.
 pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, Unclassified> {
-    match first_byte(std::str::from_utf8(body).map_err(|_| Unclassified::NotJson)?) {
+    // Checked as UTF-8 once, whole: read as text, serde does not check each string again.
+    let text = std::str::from_utf8(body).map_err(|_| Unclassified::NotJson)?;
+    match first_byte(text) {
         Some(b'{') => {
-            let wire: Wire<'_> = serde_json::from_slice(body).map_err(|e| classify_err(&e))?;
+            let wire: Wire<'_> = serde_json::from_str(text).map_err(|e| classify_err(&e))?;
             let message = message(wire, 0..body.len()).ok_or(Unclassified::NotJsonRpc)?;
             Ok(Parsed {
                 messages: Messages::One(message),
@@ -238,8 +240,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, Unclassified> {
             })
         }
         Some(b'[') => {
-            let items: Vec<&RawValue> =
-                serde_json::from_slice(body).map_err(|e| classify_err(&e))?;
+            let items: Vec<&RawValue> = serde_json::from_str(text).map_err(|e| classify_err(&e))?;
             if items.is_empty() {
                 return Err(Unclassified::NotJsonRpc);
             }
@@ -262,7 +263,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, Unclassified> {
         }
         _ => {
             // Valid JSON of another shape is JSON but not JSON-RPC.
-            serde_json::from_slice::<serde::de::IgnoredAny>(body)
+            serde_json::from_str::<serde::de::IgnoredAny>(text)
                 .map_err(|_| Unclassified::NotJson)?;
             Err(Unclassified::NotJsonRpc)
         }
