@@ -16,6 +16,7 @@ pub const METHOD: HeaderName = HeaderName::from_static("mcp-method");
 /// `Mcp-Name` (MCP 2026-07-28): the tool, resource or prompt name, mirrored in a header.
 pub const NAME: HeaderName = HeaderName::from_static("mcp-name");
 /// `Last-Event-ID`: where a client resumes an SSE stream.
+#[cfg(feature = "gateway")]
 pub(crate) const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 
 /// An MCP protocol revision, a date such as `2025-11-25`, ordered by date (held as the
