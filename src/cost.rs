@@ -20,7 +20,7 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::snapshot::{Live, Part, Snapshot};
+use crate::snapshot::{Live, Snapshot};
 
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
@@ -226,9 +226,9 @@ impl Costs {
         self.config.load()
     }
 
-    /// The table's entry in a snapshot taken now.
-    pub(crate) fn part(&self) -> Part {
-        self.config.part()
+    /// The table's settings cell, for a control's snapshots.
+    pub(crate) fn cell(&self) -> &Live<CostConfig> {
+        &self.config
     }
 
     /// The weight of one call of `tool` now.

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::snapshot::{Live, Part, Read};
+use crate::snapshot::{Live, Read};
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
@@ -278,9 +278,9 @@ impl IdempotencyLayer {
         self.shared.config_for(call)
     }
 
-    /// The layer's entry in a snapshot taken now.
-    pub(crate) fn part(&self) -> Part {
-        self.shared.config.part()
+    /// The layer's settings cell, for a control's snapshots.
+    pub(crate) fn cell(&self) -> &Live<IdempotencyConfig> {
+        &self.shared.config
     }
 
     /// Takes new settings; kept answers stay.

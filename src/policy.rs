@@ -4,7 +4,7 @@
 use crate::valid::Positive;
 use std::sync::Arc;
 
-use crate::snapshot::{Live, Part, Read, Snapshot};
+use crate::snapshot::{Live, Read, Snapshot};
 use serde::{Deserialize, Serialize};
 
 /// The kill switch: how much of stormgate's protection runs.
@@ -160,9 +160,9 @@ impl Switch {
         self.0.read(snapshot)
     }
 
-    /// The switch's entry in a snapshot taken now.
-    pub(crate) fn part(&self) -> Part {
-        self.0.part()
+    /// The switch's cell, for a control's snapshots.
+    pub(crate) fn cell(&self) -> &Live<Policy> {
+        &self.0
     }
 
     /// Sets the policy: the next request of every stage following this switch sees it. For

@@ -23,7 +23,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::snapshot::{Live, Part, Read};
+use crate::snapshot::{Live, Read};
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -181,9 +181,9 @@ impl CircuitBreakers {
         self.inner.config.read(call.snapshot())
     }
 
-    /// The breakers' entry in a snapshot taken now.
-    pub(crate) fn part(&self) -> Part {
-        self.inner.config.part()
+    /// The breakers' settings cell, for a control's snapshots.
+    pub(crate) fn cell(&self) -> &Live<BreakerConfig> {
+        &self.inner.config
     }
 
     /// The admission stage: `AdmitLayer` over these breakers.

@@ -75,7 +75,7 @@ use crate::metrics;
 use crate::outcome::{Observation, Observer};
 use crate::policy::{Mode, Policy, Switch};
 use crate::rejection::{Reason, Rejection, Scope};
-use crate::snapshot::{Live, Part, Read};
+use crate::snapshot::{Live, Read};
 use arc_swap::ArcSwap;
 use fixed::Fixed;
 use global::Global;
@@ -110,7 +110,7 @@ struct Inner {
 
 /// Everything a reload may change.
 #[derive(Debug, Clone)]
-struct Settings {
+pub(crate) struct Settings {
     config: BudgetConfig,
     tenants: TenantConfig,
     min_budget: f64,
@@ -366,9 +366,9 @@ impl Budget {
         self.settings_of(call).config.clone()
     }
 
-    /// The budget's entry in a snapshot taken now.
-    pub(crate) fn part(&self) -> Part {
-        self.inner.settings.part()
+    /// The budget's settings cell, for a control's snapshots.
+    pub(crate) fn cell(&self) -> &Live<Settings> {
+        &self.inner.settings
     }
 
     /// Applies the current policy at once: re-rates the fixed-mode buckets, and pins the global

@@ -22,7 +22,7 @@ use crate::policy::Switch;
 use crate::protocol::ProtocolVersion;
 use crate::rejection::RejectionFormat;
 use crate::schemas::ToolSchemas;
-use crate::snapshot::{Live, Part, Snapshot};
+use crate::snapshot::{Live, Snapshot};
 
 /// Default bound on a buffered request body: 4 MiB, the same as rmcp's.
 pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
@@ -159,9 +159,9 @@ impl ClassifyLayer {
         self.update(|s| s.snapshots = Some(snapshots))
     }
 
-    /// The layer's entry in a snapshot taken now.
-    pub(crate) fn part(&self) -> Part {
-        self.shared.part()
+    /// The layer's settings cell, for a control's snapshots.
+    pub(crate) fn cell(&self) -> &Live<Settings> {
+        &self.shared
     }
 
     /// Changes the body limit, the rejection format, the identity, the deadlines and the

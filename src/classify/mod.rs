@@ -38,6 +38,7 @@ mod service;
 
 pub use deadlines::DeadlineConfig;
 pub use future::ResponseFuture;
+pub(crate) use layer::Settings;
 pub use layer::{
     Batches, ClassifyConfig, ClassifyLayer, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_BUFFERED_BYTES,

@@ -21,7 +21,9 @@ use crate::fifo::{FifoLimitLayer, ResourceLimiter};
 use crate::idempotency::IdempotencyLayer;
 use crate::metrics::{self, CallMetrics, Labels};
 use crate::outcome::{Observer, OutcomeLayer};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Owner, Snapshot};
+
+use super::settings::{Cells, Settings};
 use crate::stack::StackLayer;
 
 /// The whole stack and its control handle: a cheap clone, every clone controls the same stack.
@@ -63,8 +65,25 @@ struct Inner {
     order: Mutex<()>,
     /// Every stage's settings, as the next request runs under them (see [`Snapshot`]).
     snapshot: Arc<ArcSwap<Snapshot>>,
+    /// Whose snapshots these are: the stages' cells are bound to this control's.
+    owner: Owner,
     /// The key credentials are hashed under, kept across reloads.
     credential_key: crate::call::CredentialKey,
+}
+
+impl Inner {
+    /// The stages' settings cells, for the snapshots.
+    fn cells(&self) -> Cells<'_> {
+        Cells {
+            switch: &self.switch,
+            classify: &self.classify,
+            budget: &self.budget,
+            sessions: &self.sessions,
+            breakers: &self.breakers,
+            idempotency: &self.idempotency,
+            fifo: &self.fifo,
+        }
+    }
 }
 
 impl std::fmt::Debug for Control {
@@ -140,9 +159,11 @@ impl Control {
                 last_error: Mutex::new(None),
                 order: Mutex::new(()),
                 snapshot,
+                owner: Owner::new(),
                 credential_key,
             }),
         };
+        Settings::bind(&control.inner.owner, &control.inner.cells());
         control.apply_policy();
         Ok(control)
     }
@@ -302,19 +323,9 @@ impl Control {
     /// settings.
     fn apply_policy(&self) {
         let inner = &*self.inner;
-        let fifo = inner.fifo.parts();
-        let parts = [
-            inner.switch.part(),
-            inner.classify.part(),
-            inner.budget.part(),
-            inner.budget.costs().part(),
-            inner.sessions.part(),
-            inner.breakers.part(),
-            inner.idempotency.part(),
-        ];
         inner
             .snapshot
-            .store(Arc::new(Snapshot::of(parts.into_iter().chain(fifo))));
+            .store(Arc::new(Settings::take(&inner.owner, &inner.cells())));
         let policy = self.policy();
         self.inner.budget.apply_policy();
         self.inner

@@ -19,6 +19,7 @@ mod config;
 #[cfg(feature = "toml")]
 mod document;
 mod handle;
+mod settings;
 mod view;
 #[cfg(feature = "watch")]
 mod watch;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tower::Layer;
 
 use super::{FifoLimit, ResourceLimiter};
-use crate::snapshot::{Live, Part};
+use crate::snapshot::Live;
 
 #[derive(Debug)]
 pub(crate) struct LayerState {
@@ -61,9 +61,9 @@ impl FifoLimitLayer {
         self.shared.tool_keys.store(Arc::new(keys));
     }
 
-    /// The layer's entries in a snapshot taken now: its tool map and its limiter's settings.
-    pub(crate) fn parts(&self) -> [Part; 2] {
-        [self.shared.tool_keys.part(), self.shared.limiter.part()]
+    /// The layer's tool map cell, for a control's snapshots (its limiter has its own).
+    pub(crate) fn tool_keys_cell(&self) -> &Live<HashMap<String, String>> {
+        &self.shared.tool_keys
     }
 
     /// The limiter, to report upstream 429s or read queue depths.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::snapshot::{Live, Part, Snapshot};
+use crate::snapshot::{Live, Snapshot};
 use tokio::time::Instant;
 
 use super::acquire::Acquire;
@@ -62,7 +62,7 @@ pub struct ResourceLimiter {
 
 /// What a reload may change.
 #[derive(Debug, Clone)]
-struct Settings {
+pub(crate) struct Settings {
     configured: HashMap<String, ResourceLimits>,
     default_limits: ResourceLimits,
     max_keys: usize,
@@ -172,9 +172,9 @@ impl ResourceLimiter {
             .is_unlimited()
     }
 
-    /// The limiter's entry in a snapshot taken now.
-    pub(crate) fn part(&self) -> Part {
-        self.inner.settings.part()
+    /// The limiter's settings cell, for a control's snapshots.
+    pub(crate) fn cell(&self) -> &Live<Settings> {
+        &self.inner.settings
     }
 
     /// Takes new limits: keys already in use switch to theirs at once (waiters are

@@ -49,6 +49,7 @@ pub use body::{LeaseBody, Leases};
 pub use config::FifoConfig;
 pub use error::AcquireError;
 pub use layer::FifoLimitLayer;
+pub(crate) use limiter::Settings as LimiterSettings;
 pub use limiter::{
     DEFAULT_COOLDOWN, DEFAULT_KEY, DEFAULT_MAX_KEYS, MAX_KEY_LEN, ResourceLimiter,
     ResourceLimiterBuilder,

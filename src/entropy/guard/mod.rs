@@ -19,7 +19,7 @@ use crate::error::ConfigError;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use crate::snapshot::{Live, Part, Read};
+use crate::snapshot::{Live, Read};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -141,9 +141,9 @@ impl SessionGuard {
         self.inner.config.store(Arc::new(config));
     }
 
-    /// The guard's entry in a snapshot taken now.
-    pub(crate) fn part(&self) -> Part {
-        self.inner.config.part()
+    /// The guard's settings cell, for a control's snapshots.
+    pub(crate) fn cell(&self) -> &Live<SessionConfig> {
+        &self.inner.config
     }
 
     /// The settings `call` runs under (its request's snapshot's).
