@@ -45,6 +45,32 @@
 //! The order of the stack, outermost first: classify, budget, session guard, FIFO limiter,
 //! deadlines, outcome, the MCP service (docs/budgets.md builds the whole stack by hand, in code).
 //!
+//! ## What is public, and for what
+//!
+//! * **To build a stack**: each stage's layer and its builder ([`classify::ClassifyLayer`],
+//!   [`admit::AdmitLayer`], [`budget::Budget`], [`entropy::SessionGuard`],
+//!   [`breaker::CircuitBreakers`], [`idempotency::IdempotencyLayer`],
+//!   [`fifo::FifoLimitLayer`], [`fifo::OutboundLimitLayer`], [`deadline::DeadlineLayer`],
+//!   [`outcome::OutcomeLayer`]), or all of them at once: [`control::Control`] and
+//!   [`stack::StackLayer`]. A stage's `reconfigure` is for a stage built alone; a control
+//!   reloads its own.
+//! * **To name what they return**: the services and futures of each module, the shared
+//!   [`response::ResponseFuture`] and the shared body wrapper [`watched::Watched`].
+//! * **To extend them**: [`admit::Admission`] (a check of your own, with its refund through
+//!   [`charges::Charges`]), [`call::Identify`] (your identity scheme), [`outcome::Observer`]
+//!   (told of every outcome), [`clients::Judge`] (who a client is, sealed: the guard).
+//! * **To read what they learned**: [`Call`] and [`Calls`] (what the classifier read),
+//!   [`extensions`] (what a stage writes on a request or answer for the others),
+//!   [`control::View`] (read-only views of a control), [`metrics`] (metric names).
+//! * **To configure them**: the configuration types (`#[non_exhaustive]`, built by `Default`,
+//!   their constructors or serde), whose numbers and durations are [`valid`] types, and
+//!   [`ConfigError`] / [`ControlError`].
+//! * **What a refusal is**: [`Rejection`], [`Reason`], [`Scope`], [`RejectionFormat`].
+//! * **The MCP wire**: [`mcp`] (header names, protocol revisions, the tools' output schemas
+//!   learned from `tools/list`).
+//!
+//! Everything else is crate-private; the test hooks are behind the `test-util` feature.
+//!
 //! ```
 //! use std::time::Duration;
 //! use axum::{Router, routing::post};
