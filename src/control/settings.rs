@@ -30,72 +30,45 @@ pub(super) struct Cells<'a> {
     pub(super) fifo: &'a FifoLimitLayer,
 }
 
-/// One `Arc` per settings cell of a control's stack.
-pub(super) struct Settings {
-    switch: Arc<Policy>,
-    classify: Arc<classify::Settings>,
-    budget: Arc<budget::Settings>,
-    costs: Arc<CostConfig>,
-    sessions: Arc<SessionConfig>,
-    breakers: Arc<BreakerConfig>,
-    idempotency: Arc<IdempotencyConfig>,
-    tool_keys: Arc<HashMap<String, String>>,
-    limiter: Arc<LimiterSettings>,
-}
+/// The struct, its [`Holds`] per field, [`Settings::take`] and [`Settings::bind`] from one
+/// list of the cells, so no cell can be taken and not bound (it would read its own settings,
+/// not the request's snapshot's).
+macro_rules! settings {
+    ($cells:ident => $($field:ident: $ty:ty = $cell:expr),* $(,)?) => {
+        /// One `Arc` per settings cell of a control's stack.
+        pub(super) struct Settings {
+            $($field: Arc<$ty>,)*
+        }
 
-/// Each field is the one cell of its type.
-macro_rules! holds {
-    ($($field:ident: $ty:ty),* $(,)?) => {
         $(impl Holds<$ty> for Settings {
             fn get(&self) -> &Arc<$ty> {
                 &self.$field
             }
         })*
+
+        impl Settings {
+            /// Every cell's settings now, as `owner`'s snapshot.
+            pub(super) fn take(owner: &Owner, $cells: &Cells<'_>) -> Snapshot {
+                Snapshot::new(owner, Settings { $($field: $cell.load(),)* })
+            }
+
+            /// Binds every cell to its field of `owner`'s snapshots.
+            pub(super) fn bind(owner: &Owner, $cells: &Cells<'_>) {
+                $($cell.bind::<Settings>(owner);)*
+            }
+        }
     };
 }
 
-holds! {
-    switch: Policy,
-    classify: classify::Settings,
-    budget: budget::Settings,
-    costs: CostConfig,
-    sessions: SessionConfig,
-    breakers: BreakerConfig,
-    idempotency: IdempotencyConfig,
-    tool_keys: HashMap<String, String>,
-    limiter: LimiterSettings,
-}
-
-impl Settings {
-    /// Every cell's settings now, as `owner`'s snapshot.
-    pub(super) fn take(owner: &Owner, cells: &Cells<'_>) -> Snapshot {
-        let costs = cells.budget.costs();
-        Snapshot::new(
-            owner,
-            Settings {
-                switch: cells.switch.cell().load(),
-                classify: cells.classify.cell().load(),
-                budget: cells.budget.cell().load(),
-                costs: costs.cell().load(),
-                sessions: cells.sessions.cell().load(),
-                breakers: cells.breakers.cell().load(),
-                idempotency: cells.idempotency.cell().load(),
-                tool_keys: cells.fifo.tool_keys_cell().load(),
-                limiter: cells.fifo.limiter().cell().load(),
-            },
-        )
-    }
-
-    /// Binds every cell to its field of `owner`'s snapshots.
-    pub(super) fn bind(owner: &Owner, cells: &Cells<'_>) {
-        cells.switch.cell().bind::<Settings>(owner);
-        cells.classify.cell().bind::<Settings>(owner);
-        cells.budget.cell().bind::<Settings>(owner);
-        cells.budget.costs().cell().bind::<Settings>(owner);
-        cells.sessions.cell().bind::<Settings>(owner);
-        cells.breakers.cell().bind::<Settings>(owner);
-        cells.idempotency.cell().bind::<Settings>(owner);
-        cells.fifo.tool_keys_cell().bind::<Settings>(owner);
-        cells.fifo.limiter().cell().bind::<Settings>(owner);
-    }
+// Each field is the one cell of its type.
+settings! { cells =>
+    switch: Policy = cells.switch.cell(),
+    classify: classify::Settings = cells.classify.cell(),
+    budget: budget::Settings = cells.budget.cell(),
+    costs: CostConfig = cells.budget.costs().cell(),
+    sessions: SessionConfig = cells.sessions.cell(),
+    breakers: BreakerConfig = cells.breakers.cell(),
+    idempotency: IdempotencyConfig = cells.idempotency.cell(),
+    tool_keys: HashMap<String, String> = cells.fifo.tool_keys_cell(),
+    limiter: LimiterSettings = cells.fifo.limiter().cell(),
 }
