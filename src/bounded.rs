@@ -1,15 +1,18 @@
 //! One bounded keyed store for state kept per client-chosen key (a session id, a tenant, a
 //! tool name).
 //!
-//! Keys are never stored: an entry is found by a 64-bit SipHash of its key under a key random
-//! per store (per process and per stage), so a client cannot choose ids that collide, and a
-//! megabyte of id costs 8 bytes here. The store holds at most `cap` entries (the cap is passed
+//! Keys are never stored: an entry is found by a 64-bit SipHash of its key under one key
+//! random per process ([`key_of`]), so a client cannot choose ids that collide, and a megabyte
+//! of id costs 8 bytes here. Every store hashes a name alike, so a name a call carries is
+//! hashed once per call (a [`SessionId`](crate::SessionId) and a [`Tenant`](crate::Tenant) hold
+//! theirs), not once per store that looks it up. The store holds at most `cap` entries (the cap is passed
 //! on each insert, so a reload can change it): past it, nothing new is inserted and no entry is
 //! evicted for a newcomer: the caller sends it to its store's one shared entry, named
 //! [`OVERFLOW`]. Entries leave only through [`retain`](Bounded::retain), which the owner's
 //! sweeper calls.
 
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use std::sync::OnceLock;
 
 use dashmap::DashMap;
 
@@ -18,10 +21,16 @@ use dashmap::DashMap;
 /// the session guard's `max_tenants`.
 pub const OVERFLOW: &str = "~overflow";
 
+/// The keyed hash every store finds `key`'s entry by: SipHash under the process's one random
+/// key.
+pub(crate) fn key_of<K: Hash + ?Sized>(key: &K) -> u64 {
+    static KEYS: OnceLock<RandomState> = OnceLock::new();
+    KEYS.get_or_init(RandomState::new).hash_one(key)
+}
+
 /// A map of at most `cap` entries keyed by a keyed hash. See the [module docs](self).
 pub(crate) struct Bounded<V> {
     map: DashMap<u64, V, BuildHasherDefault<PassThrough>>,
-    keys: RandomState,
 }
 
 impl<V> std::fmt::Debug for Bounded<V> {
@@ -33,17 +42,16 @@ impl<V> std::fmt::Debug for Bounded<V> {
 }
 
 impl<V> Bounded<V> {
-    /// An empty store with a fresh random key.
+    /// An empty store.
     pub(crate) fn new() -> Self {
         Bounded {
             map: DashMap::default(),
-            keys: RandomState::new(),
         }
     }
 
-    /// The store's hash of `key`: what every other method takes.
+    /// The hash of `key` ([`key_of`]): what every other method takes.
     pub(crate) fn key<K: Hash + ?Sized>(&self, key: &K) -> u64 {
-        self.keys.hash_one(key)
+        key_of(key)
     }
 
     /// The entry at `key`, if stored.
@@ -240,10 +248,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn two_stores_hash_the_same_key_apart() {
-        let (a, b) = (Bounded::<()>::new(), Bounded::<()>::new());
-        assert_ne!(a.key("session-1"), b.key("session-1"));
-        assert_eq!(a.key("session-1"), a.key("session-1"));
+    proptest! {
+        /// Every store hashes a name alike, and as the name's own key does: a session id or a
+        /// tenant hashed once when the call is classified finds its entry in every store.
+        #[test]
+        fn every_store_hashes_a_name_as_the_name_does(a in ".{0,300}", b in ".{0,300}") {
+            let (x, y) = (Bounded::<()>::new(), Bounded::<()>::new());
+            prop_assert_eq!(x.key(a.as_str()), y.key(a.as_str()));
+            prop_assert_eq!(crate::SessionId::new(a.as_str()).key(), x.key(a.as_str()));
+            prop_assert_eq!(crate::Tenant::new(a.as_str()).key(), x.key(a.as_str()));
+            if a != b {
+                prop_assert_ne!(x.key(a.as_str()), x.key(b.as_str()));
+            }
+        }
     }
 }

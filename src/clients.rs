@@ -6,7 +6,6 @@
 //! id. Those stages hold them whether or not a guard runs, and know the guard only as a
 //! `Judge`: no stage imports another to learn who the client is.
 
-use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, OnceLock};
 
 use crate::call::Call;
@@ -28,12 +27,10 @@ pub(crate) mod sealed {
     }
 }
 
-/// Who a call's client is: as a followed [`Judge`] judges it, else a keyed hash of its
-/// session id.
+/// Who a call's client is: as a followed [`Judge`] judges it, else its session id's key.
 #[derive(Debug, Default)]
 pub(crate) struct ClientKeys {
     judge: OnceLock<Arc<dyn Judge>>,
-    keys: RandomState,
 }
 
 impl ClientKeys {
@@ -61,10 +58,7 @@ impl ClientKeys {
     pub(crate) fn identify(&self, call: &Call) -> (u64, u64) {
         match self.judge.get() {
             Some(judge) => judge.identify(call),
-            None => {
-                let key = self.keys.hash_one(call.session.as_str());
-                (key, key)
-            }
+            None => (call.session.key(), call.session.key()),
         }
     }
 }

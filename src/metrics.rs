@@ -167,14 +167,16 @@ impl Cap {
 
     /// The value's label: the value, shared (no copy once labelled), or [`OTHER`].
     fn label(&self, value: &str) -> SharedString {
+        self.label_at(self.seen.key(value), value)
+    }
+
+    /// [`label`](Cap::label) of a value whose store key is known.
+    fn label_at(&self, key: u64, value: &str) -> SharedString {
         if value.len() > MAX_LABEL_LEN {
             return SharedString::const_str(OTHER);
         }
         let cap = self.max.load(Ordering::Relaxed);
-        match self
-            .seen
-            .get_or_insert(self.seen.key(value), cap, || Arc::from(value))
-        {
+        match self.seen.get_or_insert(key, cap, || Arc::from(value)) {
             Some(label) => SharedString::from(label),
             None => SharedString::const_str(OTHER),
         }
@@ -225,6 +227,11 @@ impl Labels {
     /// The `tenant` label for a tenant name (capped).
     pub fn tenant(&self, tenant: &str) -> SharedString {
         self.tenants.label(tenant)
+    }
+
+    /// [`tenant`](Labels::tenant), by the tenant's key taken when it was made.
+    pub(crate) fn tenant_of(&self, tenant: &crate::Tenant) -> SharedString {
+        self.tenants.label_at(tenant.key(), tenant.as_str())
     }
 
     /// The `tool` label for a call's target (capped; `none` for calls without one).
@@ -360,7 +367,7 @@ impl CallMetrics {
 
     /// The handles of `call`'s (tenant, tool) labels.
     fn pair(&self, call: &Call) -> Arc<PairHandles> {
-        let tenant = self.labels.tenant(call.tenant.as_str());
+        let tenant = self.labels.tenant_of(&call.tenant);
         let tool = self.labels.tool(call.target());
         let key = self.pairs.key(&(&*tenant, &*tool));
         let make = || Arc::new(PairHandles::new(tenant.clone(), tool.clone()));

@@ -129,19 +129,19 @@ impl Tenants {
 
     /// The tenant's state, if tracked.
     pub(super) fn find(&self, tenant: &Tenant) -> Option<Arc<TenantState>> {
-        self.map.get(self.map.key(tenant.as_str()))
+        self.map.get(tenant.key())
     }
 
     /// The tenant's state, made from `new` if it is not tracked yet; past `max_tenants`, the
     /// [`OVERFLOW`]'s.
     pub(super) fn insert(&self, tenant: &Tenant, new: Newcomer<'_>) -> Arc<TenantState> {
-        let key = self.map.key(tenant.as_str());
+        let key = tenant.key();
         let cap = new.settings.tenants.max_tenants;
         self.map
             .get_or_insert(key, cap.get(), || self.newcomer(tenant.clone(), &new))
             .unwrap_or_else(|| {
                 let overflow = Tenant::new(OVERFLOW);
-                let key = self.map.key(overflow.as_str());
+                let key = overflow.key();
                 self.map
                     .get_or_insert(key, usize::MAX, || self.newcomer(overflow, &new))
                     .unwrap_or_else(|| unreachable!("an uncapped insert always stores"))
@@ -230,7 +230,7 @@ impl Tenants {
         for ((t, weight, _), share) in active.iter().zip(shares) {
             let rate = share.max(min);
             t.guaranteed.set_interval(now, interval_for_rate(min));
-            let label = self.labels.tenant(t.name.as_str());
+            let label = self.labels.tenant_of(&t.name);
             let consumed = t.admitted.swap(0, Ordering::Relaxed) as f64 / secs;
             ::metrics::gauge!(metrics::TENANT_CONSUMPTION, "tenant" => label.clone()).set(consumed);
             ::metrics::gauge!(metrics::TENANT_ALLOCATION, "tenant" => label).set(rate);

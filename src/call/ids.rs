@@ -8,64 +8,130 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
+use crate::bounded::key_of;
+
+/// Implements what a name with its cached store key shares: equality, order and hashing by
+/// the text alone (the key is a function of it), `Debug` and `Display` as the text.
+macro_rules! keyed_name {
+    ($name:ident) => {
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                self.key == other.key && self.name == other.name
+            }
+        }
+
+        impl Eq for $name {}
+
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.name.hash(state);
+            }
+        }
+
+        impl PartialOrd for $name {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+
+        impl Ord for $name {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                self.name.cmp(&other.name)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_tuple(stringify!($name))
+                    .field(&&*self.name)
+                    .finish()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.name)
+            }
+        }
+
+        impl $name {
+            /// The name's key in every store of state kept per name (its keyed hash, taken
+            /// once when it is made): the one hash of it a call costs.
+            pub(crate) fn key(&self) -> u64 {
+                self.key
+            }
+        }
+    };
+}
+
 /// The tenant a call is charged to. Insert it as a request extension from your auth layer.
 ///
 /// ```
 /// let mut req = http::Request::new(());
 /// req.extensions_mut().insert(stormgate::Tenant::new("acme"));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Tenant(Arc<str>);
+#[derive(Clone)]
+pub struct Tenant {
+    name: Arc<str>,
+    key: u64,
+}
+
+keyed_name!(Tenant);
 
 impl Tenant {
     /// A tenant with this name.
     pub fn new(name: impl Into<Arc<str>>) -> Self {
-        Tenant(name.into())
+        let name = name.into();
+        Tenant {
+            key: key_of(&*name),
+            name,
+        }
     }
 
     /// The tenant every unauthenticated call belongs to.
     pub fn anonymous() -> Self {
         static ANONYMOUS: std::sync::LazyLock<Tenant> =
-            std::sync::LazyLock::new(|| Tenant(Arc::from("anonymous")));
+            std::sync::LazyLock::new(|| Tenant::new("anonymous"));
         ANONYMOUS.clone()
     }
 
     /// The tenant's name.
     pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for Tenant {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        &self.name
     }
 }
 
 /// The agent session a call belongs to.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SessionId(Arc<str>);
+#[derive(Clone)]
+pub struct SessionId {
+    name: Arc<str>,
+    key: u64,
+}
+
+keyed_name!(SessionId);
 
 impl SessionId {
     /// A session with this id.
     pub fn new(id: impl Into<Arc<str>>) -> Self {
-        SessionId(id.into())
+        let name = id.into();
+        SessionId {
+            key: key_of(&*name),
+            name,
+        }
     }
 
     /// The session id.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.name
     }
 
-    /// The tenant's name as a session (the identity's last rung), shared, not copied.
+    /// The tenant's name as a session (the identity's last rung), shared, not copied, with
+    /// its key.
     pub(crate) fn of_tenant(tenant: &Tenant) -> Self {
-        SessionId(tenant.0.clone())
-    }
-}
-
-impl fmt::Display for SessionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        SessionId {
+            name: tenant.name.clone(),
+            key: tenant.key,
+        }
     }
 }
 

@@ -117,7 +117,7 @@ impl Audit {
     /// session and a place is free (when none is, after forgetting the sessions the guard no
     /// longer tracks).
     fn log_of(&self, call: &Call) -> Option<Arc<Log>> {
-        let key = self.sessions.key(call.session.as_str());
+        let key = call.session.key();
         if let Some(log) = self.sessions.get(key) {
             return Some(log);
         }
@@ -182,7 +182,7 @@ impl Audit {
 
     /// The recent calls of a session, oldest first.
     pub fn invocations(&self, session: &SessionId) -> Vec<Invocation> {
-        let key = self.sessions.key(session.as_str());
+        let key = session.key();
         self.sessions.get(key).map_or_else(Vec::new, |log| {
             log.calls
                 .lock()

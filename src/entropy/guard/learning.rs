@@ -33,7 +33,7 @@ impl SessionGuard {
             Some(tracked) => tracked,
             None => {
                 let pools = &self.inner.pools;
-                match pools.get(pools.key(o.call.tenant.as_str())) {
+                match pools.get(o.call.tenant.key()) {
                     Some(p) => (p.state.clone(), UNVERIFIED_VOTER),
                     None => (self.inner.overflow.state.clone(), UNVERIFIED_VOTER),
                 }
@@ -126,7 +126,7 @@ impl SessionGuard {
 impl Observer for SessionGuard {
     fn observe(&self, o: &Observation<'_>) {
         let sessions = &self.inner.sessions;
-        let key = sessions.key(o.call.session.as_str());
+        let key = o.call.session.key();
         let tracked = sessions.get(key).map(|s| (s, key));
         let accepted = tracked.is_some();
         if o.outcome != Outcome::ClientError

@@ -247,7 +247,7 @@ impl SessionGuard {
         let now = self.now();
         let pools = &self.inner.pools;
         pools
-            .get_or_insert(pools.key(tenant.as_str()), config.max_tenants.get(), || {
+            .get_or_insert(tenant.key(), config.max_tenants.get(), || {
                 Arc::new(Pool::new(tenant, &config, now))
             })
             .unwrap_or_else(|| self.inner.overflow.clone())
@@ -270,7 +270,7 @@ impl SessionGuard {
     /// tracked now.
     pub fn accept(&self, session: &SessionId, tenant: &Tenant) -> bool {
         let sessions = &self.inner.sessions;
-        let key = sessions.key(session.as_str());
+        let key = session.key();
         if sessions.get(key).is_some() {
             return true;
         }
@@ -312,15 +312,15 @@ impl SessionGuard {
     }
 
     /// A call's session key and state once the MCP server has accepted it; else the client
-    /// key of its tenant's unverified pool: another keyed hash of the tenant, inverted, so it
-    /// meets a session's only by a 64-bit accident.
+    /// key of its tenant's unverified pool: the tenant's key, inverted, so it meets a
+    /// session's (the tenant's own name as a session among them) only by a 64-bit accident.
     fn tracked(&self, call: &Call) -> Result<(u64, Arc<Mutex<Session>>), u64> {
         let sessions = &self.inner.sessions;
-        let key = sessions.key(call.session.as_str());
+        let key = call.session.key();
         sessions
             .get(key)
             .map(|s| (key, s))
-            .ok_or_else(|| !self.inner.pools.key(call.tenant.as_str()))
+            .ok_or_else(|| !call.tenant.key())
     }
 
     /// [`identify`](Self::identify)'s client, and the most cost units per second its own
@@ -347,13 +347,13 @@ impl SessionGuard {
     /// Whether `session` has its own state (the MCP server accepted it).
     pub fn is_tracked(&self, session: &SessionId) -> bool {
         let sessions = &self.inner.sessions;
-        sessions.get(sessions.key(session.as_str())).is_some()
+        sessions.get(session.key()).is_some()
     }
 
     /// The current storm score, entropy and budget factor of a session.
     pub fn summary(&self, id: &SessionId) -> Option<SessionSummary> {
         let sessions = &self.inner.sessions;
-        let s = sessions.get(sessions.key(id.as_str()))?;
+        let s = sessions.get(id.key())?;
         let s = lock(&s);
         Some(self.summarize(&s))
     }
@@ -361,7 +361,7 @@ impl SessionGuard {
     /// The same for a tenant's unverified pool, if it has one.
     pub fn unverified(&self, tenant: &Tenant) -> Option<SessionSummary> {
         let pools = &self.inner.pools;
-        let p = pools.get(pools.key(tenant.as_str()))?;
+        let p = pools.get(tenant.key())?;
         let s = lock(&p.state);
         Some(self.summarize(&s))
     }
