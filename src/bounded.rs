@@ -249,14 +249,16 @@ mod tests {
     }
 
     proptest! {
-        /// Every store hashes a name alike, and as the name's own key does: a session id or a
-        /// tenant hashed once when the call is classified finds its entry in every store.
+        /// Every store hashes a name alike, and as the name's own key does: a session id, a
+        /// tenant or a target hashed once when the call is classified finds its entry in every
+        /// store.
         #[test]
         fn every_store_hashes_a_name_as_the_name_does(a in ".{0,300}", b in ".{0,300}") {
             let (x, y) = (Bounded::<()>::new(), Bounded::<()>::new());
             prop_assert_eq!(x.key(a.as_str()), y.key(a.as_str()));
             prop_assert_eq!(crate::SessionId::new(a.as_str()).key(), x.key(a.as_str()));
             prop_assert_eq!(crate::Tenant::new(a.as_str()).key(), x.key(a.as_str()));
+            prop_assert_eq!(crate::Name::new(a.as_str()).key(), x.key(a.as_str()));
             if a != b {
                 prop_assert_ne!(x.key(a.as_str()), x.key(b.as_str()));
             }

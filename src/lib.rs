@@ -59,7 +59,8 @@
 //! * **To extend them**: [`admit::Admission`] (a check of your own, with its refund through
 //!   [`charges::Charges`]), [`call::Identify`] (your identity scheme), [`outcome::Observer`]
 //!   (told of every outcome), [`clients::Judge`] (who a client is, sealed: the guard).
-//! * **To read what they learned**: [`Call`] and [`Calls`] (what the classifier read),
+//! * **To read what they learned**: [`Call`] and [`Calls`] (what the classifier read, its
+//!   names [`Tenant`], [`SessionId`], [`Name`] and [`RequestId`]),
 //!   [`extensions`] (what a stage writes on a request or answer for the others),
 //!   [`control::View`] (read-only views of a control), [`metrics`] (metric names).
 //! * **To configure them**: the configuration types (`#[non_exhaustive]`, built by `Default`,
@@ -130,7 +131,7 @@ pub mod valid;
 pub mod watched;
 
 pub use bounded::OVERFLOW;
-pub use call::{Call, CallKind, Calls, RequestId, SessionId, Tenant};
+pub use call::{Call, CallKind, Calls, Name, RequestId, SessionId, Tenant};
 pub use error::{ConfigError, ControlError};
 pub use rejection::{Reason, Rejection, RejectionFormat, Scope};
 

@@ -130,14 +130,14 @@ pub const SHARED_GRANTED: &str = "stormgate_shared_granted_total";
 pub const SHARED_REDIS_ERRORS: &str = "stormgate_shared_redis_errors_total";
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use ::metrics::{Counter, Histogram, SharedString};
 #[cfg(feature = "prometheus")]
 use metrics_exporter_prometheus::PrometheusBuilder;
 
-use crate::bounded::Bounded;
+use crate::bounded::{Bounded, key_of};
 use crate::call::Call;
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::rejection::Rejection;
@@ -167,18 +167,22 @@ impl Cap {
 
     /// The value's label: the value, shared (no copy once labelled), or [`OTHER`].
     fn label(&self, value: &str) -> SharedString {
-        self.label_at(self.seen.key(value), value)
+        self.label_at(self.seen.key(value), value).0
     }
 
-    /// [`label`](Cap::label) of a value whose store key is known.
-    fn label_at(&self, key: u64, value: &str) -> SharedString {
+    /// [`label`](Cap::label) of a value whose key is known, with the label's key.
+    fn label_at(&self, key: u64, value: &str) -> (SharedString, u64) {
+        let other = || {
+            static KEY: LazyLock<u64> = LazyLock::new(|| key_of(OTHER));
+            (SharedString::const_str(OTHER), *KEY)
+        };
         if value.len() > MAX_LABEL_LEN {
-            return SharedString::const_str(OTHER);
+            return other();
         }
         let cap = self.max.load(Ordering::Relaxed);
         match self.seen.get_or_insert(key, cap, || Arc::from(value)) {
-            Some(label) => SharedString::from(label),
-            None => SharedString::const_str(OTHER),
+            Some(label) => (SharedString::from(label), key),
+            None => other(),
         }
     }
 }
@@ -229,9 +233,22 @@ impl Labels {
         self.tenants.label(tenant)
     }
 
-    /// [`tenant`](Labels::tenant), by the tenant's key taken when it was made.
-    pub(crate) fn tenant_of(&self, tenant: &crate::Tenant) -> SharedString {
+    /// [`tenant`](Labels::tenant), by the tenant's key taken when it was made, with the
+    /// label's key.
+    pub(crate) fn tenant_of(&self, tenant: &crate::Tenant) -> (SharedString, u64) {
         self.tenants.label_at(tenant.key(), tenant.as_str())
+    }
+
+    /// [`tool`](Labels::tool), by the target's key taken when the call was classified, with
+    /// the label's key.
+    pub(crate) fn tool_of(&self, tool: Option<&crate::Name>) -> (SharedString, u64) {
+        match tool {
+            Some(t) => self.tools.label_at(t.key(), t.as_str()),
+            None => {
+                static NONE: LazyLock<u64> = LazyLock::new(|| key_of("none"));
+                self.tools.label_at(*NONE, "none")
+            }
+        }
     }
 
     /// The `tool` label for a call's target (capped; `none` for calls without one).
@@ -367,9 +384,10 @@ impl CallMetrics {
 
     /// The handles of `call`'s (tenant, tool) labels.
     fn pair(&self, call: &Call) -> Arc<PairHandles> {
-        let tenant = self.labels.tenant_of(&call.tenant);
-        let tool = self.labels.tool(call.target());
-        let key = self.pairs.key(&(&*tenant, &*tool));
+        let (tenant, tenant_key) = self.labels.tenant_of(&call.tenant);
+        let (tool, tool_key) = self.labels.tool_of(call.target_name());
+        // The pair of labels, by their keys (a label's key is its text's).
+        let key = self.pairs.key(&(tenant_key, tool_key));
         let make = || Arc::new(PairHandles::new(tenant.clone(), tool.clone()));
         self.pairs
             .get_or_insert(key, MAX_LABEL_PAIRS, make)

@@ -259,12 +259,7 @@ impl ToolBaselines {
         }
     }
 
-    /// The store's key of `tool`, for [`judge`](Self::judge) and [`OwnBaselines`].
-    pub(crate) fn key(&self, tool: &str) -> u64 {
-        self.tools.key(tool)
-    }
-
-    /// The healthy latency of the tool at `key` before and after a call of `secs` seconds of
+    /// The healthy latency of the tool at `key` (its [`Name`](crate::Name)'s key) before and after a call of `secs` seconds of
     /// `client` at `now`, which teaches it when `learns` (nothing held the call back), and
     /// what its other clients see now ([`CommonBaseline::seen_by_others`]): one lookup, one
     /// lock. (Before and after differ only in the tool's first period, or when it is first
@@ -340,7 +335,7 @@ impl ToolBaselines {
 pub(crate) const OWN_TOOLS: usize = 4;
 
 /// One client's own healthy latency for each of the few tools it calls: a [`Baseline`] per
-/// tool (at most [`OWN_TOOLS`], keyed by [`ToolBaselines`]' key of the name), learned like
+/// tool (at most [`OWN_TOOLS`], keyed by the name's key), learned like
 /// the tool's, from its own calls that nothing held back. Some work is slow by nature (a new,
 /// cold query every call): against its own norm it is not slow, while contention (queue
 /// wait) and a slowdown still are. No heap until the first tool is learned.

@@ -78,7 +78,7 @@ impl Sampler {
         now: Duration,
         config: &BudgetConfig,
     ) {
-        let Some(tool) = o.call.target() else {
+        let Some(tool) = o.call.target_name() else {
             return; // protocol chatter (initialize, tools/list, ping): not charged, not sampled
         };
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -91,9 +91,7 @@ impl Sampler {
         // The healthy latency learns only from calls nothing held back.
         let learns = !failed && !cancelled && o.queue_wait.is_zero();
         // Judged against what was learned before it, then taught.
-        let baseline = self
-            .tools
-            .before(self.tools.key(tool), voter, now, secs, learns);
+        let baseline = self.tools.before(tool.key(), voter, now, secs, learns);
         let slow = config.is_slow(secs, baseline);
         if cancelled {
             // A call its client gave up on ran at least this long: a censored latency sample,

@@ -230,7 +230,7 @@ impl Tenants {
         for ((t, weight, _), share) in active.iter().zip(shares) {
             let rate = share.max(min);
             t.guaranteed.set_interval(now, interval_for_rate(min));
-            let label = self.labels.tenant_of(&t.name);
+            let (label, _) = self.labels.tenant_of(&t.name);
             let consumed = t.admitted.swap(0, Ordering::Relaxed) as f64 / secs;
             ::metrics::gauge!(metrics::TENANT_CONSUMPTION, "tenant" => label.clone()).set(consumed);
             ::metrics::gauge!(metrics::TENANT_ALLOCATION, "tenant" => label).set(rate);

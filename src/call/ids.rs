@@ -135,6 +135,75 @@ impl SessionId {
     }
 }
 
+/// What a call targets: a tool's name, a resource's URI or a prompt's name, with its key in
+/// every store of state kept per target (taken once, when the call is classified). Reads as
+/// the text (`Deref<Target = str>`), so `call.tool.as_deref() == Some("search")` works.
+#[derive(Clone)]
+pub struct Name {
+    name: Arc<str>,
+    key: u64,
+}
+
+keyed_name!(Name);
+
+impl Name {
+    /// A target with this name.
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        let name = name.into();
+        Name {
+            key: key_of(&*name),
+            name,
+        }
+    }
+
+    /// The name with its key known (a store that hashed it already).
+    pub(crate) fn with_key(name: Arc<str>, key: u64) -> Self {
+        debug_assert_eq!(key, key_of(&*name));
+        Name { name, key }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    /// The name, shared.
+    pub(crate) fn shared(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The name, shared, without its key.
+    pub(crate) fn into_shared(self) -> Arc<str> {
+        self.name
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl From<&str> for Name {
+    fn from(name: &str) -> Self {
+        Name::new(name)
+    }
+}
+
+impl From<String> for Name {
+    fn from(name: String) -> Self {
+        Name::new(name)
+    }
+}
+
+impl From<Arc<str>> for Name {
+    fn from(name: Arc<str>) -> Self {
+        Name::new(name)
+    }
+}
+
 /// A JSON-RPC id exactly as the client wrote it (number, string or null), echoed verbatim.
 /// Classified from a body, it is that body's text (a slice of it, not a copy).
 #[derive(Clone)]

@@ -25,7 +25,7 @@ mod ids;
 mod pipeline;
 
 pub use identity::{CLIENT_INFO_META_KEY, CredentialKey, DefaultIdentity, Identify, Meta};
-pub use ids::{MAX_ID_LEN, RequestId, SessionId, Tenant};
+pub use ids::{MAX_ID_LEN, Name, RequestId, SessionId, Tenant};
 pub(crate) use ids::{bounded, bounded_name};
 pub(crate) use pipeline::Pipeline;
 
@@ -54,11 +54,11 @@ pub struct Call {
     /// The method (`tools/call`, `resources/read`, ...); `None` for responses.
     pub method: Option<Arc<str>>,
     /// `params.name` of a `tools/call`.
-    pub tool: Option<Arc<str>>,
+    pub tool: Option<Name>,
     /// `params.uri` of a `resources/read`.
-    pub resource: Option<Arc<str>>,
+    pub resource: Option<Name>,
     /// `params.name` of a `prompts/get`.
-    pub prompt: Option<Arc<str>>,
+    pub prompt: Option<Name>,
     /// Who is charged.
     pub tenant: Tenant,
     /// The agent session.
@@ -112,7 +112,7 @@ impl Call {
     }
 
     /// Sets the tool name (and makes it a `tools/call`).
-    pub fn with_tool(mut self, tool: impl Into<Arc<str>>) -> Self {
+    pub fn with_tool(mut self, tool: impl Into<Name>) -> Self {
         self.method = Some("tools/call".into());
         self.tool = Some(tool.into());
         self
@@ -183,8 +183,8 @@ impl Call {
         self.target_name().map(|t| &**t)
     }
 
-    /// [`target`](Self::target), shared.
-    pub(crate) fn target_name(&self) -> Option<&Arc<str>> {
+    /// [`target`](Self::target), with its key.
+    pub(crate) fn target_name(&self) -> Option<&Name> {
         self.tool
             .as_ref()
             .or(self.resource.as_ref())

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use crate::bounded::Bounded;
+use crate::call::Name;
 
 /// Names kept at most.
 pub(crate) const MAX_NAMES: usize = 4096;
@@ -16,7 +17,7 @@ pub(crate) const MAX_NAME_LEN: usize = 128;
 
 /// The shared names. See the [module docs](self).
 #[derive(Debug)]
-pub(crate) struct Names(Bounded<Arc<str>>);
+pub(crate) struct Names(Bounded<Name>);
 
 impl Default for Names {
     fn default() -> Self {
@@ -25,18 +26,17 @@ impl Default for Names {
 }
 
 impl Names {
-    /// `name`, shared when it is kept.
-    pub(crate) fn get(&self, name: &str) -> Arc<str> {
+    /// `name`, shared when it is kept, with its key (hashed once, here).
+    pub(crate) fn get(&self, name: &str) -> Name {
+        let key = self.0.key(name);
+        let own = || Name::with_key(Arc::from(name), key);
         if name.len() > MAX_NAME_LEN {
-            return Arc::from(name);
+            return own();
         }
-        match self
-            .0
-            .get_or_insert(self.0.key(name), MAX_NAMES, || Arc::from(name))
-        {
+        match self.0.get_or_insert(key, MAX_NAMES, own) {
             // Two names may share a 64-bit hash (the key is random per process): compared.
-            Some(kept) if &*kept == name => kept,
-            _ => Arc::from(name),
+            Some(kept) if kept.as_str() == name => kept,
+            _ => own(),
         }
     }
 }
@@ -49,13 +49,20 @@ mod tests {
     fn a_name_is_kept_once_and_the_store_is_bounded() {
         let names = Names::default();
         let a = names.get("tools/call");
-        assert!(Arc::ptr_eq(&a, &names.get("tools/call")), "shared");
+        assert_eq!(a.key(), crate::bounded::key_of("tools/call"), "with its key");
+        assert!(
+            Arc::ptr_eq(a.shared(), names.get("tools/call").shared()),
+            "shared"
+        );
         let long = "x".repeat(MAX_NAME_LEN + 1);
         assert_eq!(&*names.get(&long), long, "a long name is its own copy");
         for i in 0..2 * MAX_NAMES {
             assert_eq!(&*names.get(&format!("t{i}")), format!("t{i}"));
         }
         assert_eq!(names.0.len(), MAX_NAMES, "never past the bound");
-        assert!(Arc::ptr_eq(&a, &names.get("tools/call")), "kept names stay");
+        assert!(
+            Arc::ptr_eq(a.shared(), names.get("tools/call").shared()),
+            "kept names stay"
+        );
     }
 }

@@ -13,7 +13,7 @@ use tower::{BoxError, Service};
 use super::ResponseFuture;
 use super::gather::Gather;
 use super::layer::Settings;
-use crate::call::{Bypassed, Call, Calls, Meta, Pipeline, Unclassified};
+use crate::call::{Bypassed, Call, Calls, Meta, Name, Pipeline, Unclassified};
 use crate::mcp::{self, ProtocolVersion};
 use crate::snapshot::{Live, Snapshot};
 
@@ -206,9 +206,9 @@ pub(crate) fn classify(
             Call {
                 kind: m.kind,
                 id: m.id.map(|raw| crate::call::RequestId::in_body(body, raw)),
-                method: method.map(|n| shared.names.get(n)),
+                method: method.map(|n| shared.names.get(n).into_shared()),
                 tool: tool.map(|n| shared.names.get(n)),
-                resource: resource.map(Arc::from), // a uri is more an argument than a name
+                resource: resource.map(Name::from), // a uri is more an argument than a name: not kept
                 prompt: prompt.map(|n| shared.names.get(n)),
                 session: shared.identity.session(parts, Meta::new(m.meta), &tenant),
                 tenant: tenant.clone(),

@@ -172,7 +172,7 @@ impl Audit {
         Invocation {
             at_ms: ms(self.epoch.elapsed()),
             method: call.method.as_ref().map(bounded_name),
-            target: call.target_name().map(bounded_name),
+            target: call.target_name().map(|t| bounded_name(t.shared())),
             outcome: None,
             rejection: None,
             queue_wait_ms: 0,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::session::{Session, weight_of};
 use super::{SessionGuard, UNVERIFIED_VOTER, lock};
-use crate::call::Call;
+use crate::call::{Call, Name};
 use crate::entropy::score::storm_score;
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::policy::Mode;
@@ -18,7 +18,7 @@ use crate::rejection::{Rejection, Scope};
 impl SessionGuard {
     /// Learns from a finished call of `tool`: its tool's healthy latency, and the health of
     /// the state it was charged to (`tracked`, with its key, else its tenant's pool).
-    fn learn(&self, tool: &str, o: &Observation<'_>, tracked: Option<(Arc<Mutex<Session>>, u64)>) {
+    fn learn(&self, tool: &Name, o: &Observation<'_>, tracked: Option<(Arc<Mutex<Session>>, u64)>) {
         let config = self.config_of(o.call);
         let secs = o.service_time.as_secs_f64().max(1e-6);
         let floor = config.latency_floor.as_secs_f64();
@@ -40,7 +40,7 @@ impl SessionGuard {
             }
         };
         let tools = &self.inner.tool_latency;
-        let key = tools.key(tool);
+        let key = tool.key();
         // The tool's, with this call's client's vote (a client new to a tool in its first
         // period is not judged by the others' calls alone).
         let judged = tools.judge(key, voter, now, secs, learns);
@@ -131,7 +131,7 @@ impl Observer for SessionGuard {
         let accepted = tracked.is_some();
         if o.outcome != Outcome::ClientError
             && self.config_of(o.call).enabled
-            && let Some(tool) = o.call.target()
+            && let Some(tool) = o.call.target_name()
         {
             self.learn(tool, o, tracked);
         }
