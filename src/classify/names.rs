@@ -49,7 +49,11 @@ mod tests {
     fn a_name_is_kept_once_and_the_store_is_bounded() {
         let names = Names::default();
         let a = names.get("tools/call");
-        assert_eq!(a.key(), crate::bounded::key_of("tools/call"), "with its key");
+        assert_eq!(
+            a.key(),
+            crate::bounded::key_of("tools/call"),
+            "with its key"
+        );
         assert!(
             Arc::ptr_eq(a.shared(), names.get("tools/call").shared()),
             "shared"
