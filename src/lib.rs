@@ -113,6 +113,7 @@ pub mod gateway;
 pub mod idempotency;
 pub mod mcp;
 pub mod metrics;
+mod named;
 pub mod outcome;
 mod policy;
 mod protocol;

@@ -6,16 +6,17 @@
 //! build ([`Settings::bind`]), so a stage reads its field straight from the request's
 //! snapshot (see [`crate::snapshot`]).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::breaker::{BreakerConfig, CircuitBreakers};
 use crate::budget::{self, Budget};
+use crate::call::Name;
 use crate::classify::{self, ClassifyLayer};
 use crate::cost::CostConfig;
 use crate::entropy::{SessionConfig, SessionGuard};
 use crate::fifo::{FifoLimitLayer, LimiterSettings};
 use crate::idempotency::{IdempotencyConfig, IdempotencyLayer};
+use crate::named::NameMap;
 use crate::policy::{Policy, Switch};
 use crate::snapshot::{Holds, Owner, Snapshot};
 
@@ -69,6 +70,6 @@ settings! { cells =>
     sessions: SessionConfig = cells.sessions.cell(),
     breakers: BreakerConfig = cells.breakers.cell(),
     idempotency: IdempotencyConfig = cells.idempotency.cell(),
-    tool_keys: HashMap<String, String> = cells.fifo.tool_keys_cell(),
+    tool_keys: NameMap<Name> = cells.fifo.tool_keys_cell(),
     limiter: LimiterSettings = cells.fifo.limiter().cell(),
 }

@@ -6,6 +6,7 @@ use std::num::NonZeroUsize;
 use serde::{Deserialize, Serialize};
 
 use super::{DEFAULT_MAX_KEYS, FifoLimitLayer, ResourceLimiter, ResourceLimits};
+use crate::call::Name;
 
 /// Every setting of the FIFO limiter. Deserializes from the `[fifo]` table of a config file:
 ///
@@ -68,7 +69,7 @@ impl FifoConfig {
         layer.set_tool_keys(
             self.tools
                 .iter()
-                .map(|(t, k)| (t.clone(), k.clone()))
+                .map(|(t, k)| (t, Name::new(k.as_str())))
                 .collect(),
         );
     }

@@ -1,17 +1,18 @@
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
 use tower::Layer;
 
 use super::{FifoLimit, ResourceLimiter};
+use crate::call::Name;
+use crate::named::NameMap;
 use crate::snapshot::Live;
 
 #[derive(Debug)]
 pub(crate) struct LayerState {
     pub(crate) limiter: ResourceLimiter,
     /// Resource key per tool; a reload swaps it.
-    pub(crate) tool_keys: Live<HashMap<String, String>>,
+    pub(crate) tool_keys: Live<NameMap<Name>>,
     /// A POST no classify layer read is logged once per layer.
     pub(crate) unread: crate::call::Unread,
 }
@@ -35,7 +36,7 @@ impl FifoLimitLayer {
         FifoLimitLayer {
             shared: Arc::new(LayerState {
                 limiter,
-                tool_keys: Live::new(HashMap::new()),
+                tool_keys: Live::new(NameMap::default()),
                 unread: Default::default(),
             }),
         }
@@ -44,8 +45,8 @@ impl FifoLimitLayer {
     /// Calls of `tool` use the resource key `key`. A builder step: the new layer has its own
     /// tool map (the limiter is shared), so configuring a clone never changes the original.
     pub fn tool_key(self, tool: impl Into<String>, key: impl Into<String>) -> Self {
-        let mut keys = HashMap::clone(&self.shared.tool_keys.load());
-        keys.insert(tool.into(), key.into());
+        let mut keys = NameMap::clone(&self.shared.tool_keys.load());
+        keys.insert(&tool.into(), Name::new(key.into()));
         FifoLimitLayer {
             shared: Arc::new(LayerState {
                 limiter: self.shared.limiter.clone(),
@@ -57,12 +58,12 @@ impl FifoLimitLayer {
 
     /// Replaces the tool-to-key map (a reload, through `Control`; a hand-built stack passes
     /// the map to the layer it builds).
-    pub(crate) fn set_tool_keys(&self, keys: HashMap<String, String>) {
+    pub(crate) fn set_tool_keys(&self, keys: NameMap<Name>) {
         self.shared.tool_keys.store(Arc::new(keys));
     }
 
     /// The layer's tool map cell, for a control's snapshots (its limiter has its own).
-    pub(crate) fn tool_keys_cell(&self) -> &Live<HashMap<String, String>> {
+    pub(crate) fn tool_keys_cell(&self) -> &Live<NameMap<Name>> {
         &self.shared.tool_keys
     }
 

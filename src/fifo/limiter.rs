@@ -17,6 +17,8 @@ use super::error::AcquireError;
 use super::key::Key;
 use super::limits::ResourceLimits;
 use crate::bounded::{Bounded, OVERFLOW};
+use crate::call::Name;
+use crate::named::NameMap;
 
 /// Default bound on distinct resource keys; past it, new keys share [`OVERFLOW`] (so a flood
 /// of new names cannot grow memory).
@@ -63,7 +65,7 @@ pub struct ResourceLimiter {
 /// What a reload may change.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    configured: HashMap<String, ResourceLimits>,
+    configured: NameMap<ResourceLimits>,
     default_limits: ResourceLimits,
     max_keys: usize,
 }
@@ -123,7 +125,7 @@ impl ResourceLimiterBuilder {
                 overflow: std::sync::OnceLock::new(),
                 bypass: Arc::new(AtomicBool::new(false)),
                 settings: Live::new(Settings {
-                    configured: self.configured,
+                    configured: self.configured.into_iter().collect(),
                     default_limits: self.default_limits,
                     max_keys: self.max_keys.unwrap_or(DEFAULT_MAX_KEYS),
                 }),
@@ -143,23 +145,24 @@ impl ResourceLimiter {
         let settings = self.inner.settings.load();
         settings
             .configured
-            .get(key)
+            .get_str(key)
             .copied()
             .unwrap_or(settings.default_limits)
     }
 
     /// Whether `key` has limits of its own (configured one by one).
     pub fn is_configured(&self, key: &str) -> bool {
-        self.is_configured_in(key, None)
+        self.is_configured_in(&Name::new(key), None)
     }
 
-    /// [`is_configured`](Self::is_configured) under a request's snapshot.
-    pub(crate) fn is_configured_in(&self, key: &str, snapshot: Option<&Snapshot>) -> bool {
+    /// [`is_configured`](Self::is_configured) under a request's snapshot, by the name's key.
+    pub(crate) fn is_configured_in(&self, key: &Name, snapshot: Option<&Snapshot>) -> bool {
         self.inner
             .settings
             .read(snapshot)
             .configured
-            .contains_key(key)
+            .get(key)
+            .is_some()
     }
 
     /// Whether keys not configured one by one are limited, under a request's snapshot.
@@ -186,7 +189,7 @@ impl ResourceLimiter {
         max_keys: usize,
     ) {
         self.inner.settings.store(Arc::new(Settings {
-            configured,
+            configured: configured.into_iter().collect(),
             default_limits,
             max_keys,
         }));
@@ -212,17 +215,17 @@ impl ResourceLimiter {
 
     /// The key named `name`, made if new: past `max_keys`, or longer than [`MAX_KEY_LEN`],
     /// a name not configured shares [`OVERFLOW`]; configured names always have their own.
-    fn key(&self, name: &str) -> Arc<Key> {
+    fn key(&self, name: &Name) -> Arc<Key> {
         let keys = &self.inner.keys;
         let settings = self.inner.settings.load();
-        let configured = settings.configured.contains_key(name);
-        if name != OVERFLOW && (configured || name.len() <= MAX_KEY_LEN) {
+        let configured = settings.configured.get(name).is_some();
+        if name.as_str() != OVERFLOW && (configured || name.len() <= MAX_KEY_LEN) {
             let cap = if configured {
                 usize::MAX
             } else {
                 settings.max_keys
             };
-            let made = keys.get_or_insert(keys.key(name), cap, || {
+            let made = keys.get_or_insert(name.key(), cap, || {
                 Arc::new(Key::new(name, self.limits(name), self.inner.bypass.clone()))
             });
             if let Some(key) = made {
@@ -260,6 +263,16 @@ impl ResourceLimiter {
         account: Option<&str>,
         deadline: Option<Instant>,
     ) -> Acquire {
+        self.acquire_named(&Name::new(key), account, deadline)
+    }
+
+    /// [`acquire_until`](Self::acquire_until) of a key named by a [`Name`]: found by its key.
+    pub(crate) fn acquire_named(
+        &self,
+        key: &Name,
+        account: Option<&str>,
+        deadline: Option<Instant>,
+    ) -> Acquire {
         let key = self.key(key);
         // The account only matters (and is only copied) where accounts are limited.
         let account = account
@@ -272,7 +285,7 @@ impl ResourceLimiter {
     /// the cooldown ends. The cooldown is `retry_after` (1 s when unknown), and never shorter
     /// than the key's pacing; it applies even to keys with no limits configured.
     pub fn report_upstream_rate_limit(&self, key: &str, retry_after: Option<Duration>) {
-        let key = self.key(key);
+        let key = self.key(&Name::new(key));
         let now = Instant::now();
         let mut state = key.lock();
         let cooldown = retry_after

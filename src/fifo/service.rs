@@ -11,6 +11,10 @@ use tower::{BoxError, Service, ServiceExt};
 use super::body::{LeaseBody, Leases};
 use super::layer::LayerState;
 use super::{Acquire, DEFAULT_KEY, QueueWait};
+use crate::call::Name;
+
+/// [`DEFAULT_KEY`] with its key.
+static DEFAULT: std::sync::LazyLock<Name> = std::sync::LazyLock::new(|| Name::new(DEFAULT_KEY));
 use crate::call::Calls;
 use crate::charges::ChargedTo;
 use crate::mcp::verdict;
@@ -124,25 +128,25 @@ impl<S> FifoLimit<S> {
         let tool_keys = self.shared.tool_keys.read(snapshot);
         let limiter = &self.shared.limiter;
         let default_limited = limiter.default_limited_in(snapshot);
-        let mut wanted: Vec<(&str, usize, Option<&str>)> = calls
+        let mut wanted: Vec<(&Name, usize, Option<&str>)> = calls
             .iter()
             .enumerate()
             .filter(|(_, c)| c.is_chargeable())
             .filter_map(|(i, c)| {
-                let tool = c.tool.as_deref()?;
+                let tool = c.tool.as_ref()?;
                 // Only configured keys are kept one by one: a tool name is the client's
                 // choice, and an unknown one must not make state.
                 let key = match tool_keys.get(tool) {
-                    Some(key) => key.as_str(),
+                    Some(key) => key,
                     None if limiter.is_configured_in(tool, snapshot) => tool,
-                    None if default_limited => DEFAULT_KEY,
+                    None if default_limited => &DEFAULT,
                     None => return None,
                 };
                 Some((key, i, Some(c.tenant.as_str())))
             })
             .collect();
-        wanted.sort_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));
-        let mut groups: Vec<(&str, Vec<usize>, Option<&str>)> = Vec::with_capacity(wanted.len());
+        wanted.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()).then(a.1.cmp(&b.1)));
+        let mut groups: Vec<(&Name, Vec<usize>, Option<&str>)> = Vec::with_capacity(wanted.len());
         for (key, i, account) in wanted {
             match groups.last_mut() {
                 Some((last, indices, _)) if *last == key => indices.push(i),
@@ -173,7 +177,7 @@ impl<S> FifoLimit<S> {
                 let acquire = self
                     .shared
                     .limiter
-                    .acquire_until(key, account, deadline)
+                    .acquire_named(key, account, deadline)
                     .charged_to(charged_to);
                 (indices, acquire)
             })
