@@ -23,6 +23,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::snapshot::{Live, Snapshot};
 
 use dashmap::DashMap;
+use std::hash::BuildHasherDefault;
+
+use crate::bounded::{PassThrough, key_of};
+use crate::call::Name;
 use serde::{Deserialize, Serialize};
 
 use crate::outcome::{Observation, Observer, Outcome};
@@ -179,6 +183,9 @@ pub const UNIT_BYTES: f64 = 1024.0;
 
 #[derive(Debug)]
 struct Learned {
+    /// The tool's name: checked on every lookup, so two names that share a 64-bit key never
+    /// share a weight (the second is not learned, an accident of 2^-64).
+    tool: Box<str>,
     weight: AtomicU32,
     stats: Mutex<(Ewma, Ewma)>,
 }
@@ -187,7 +194,9 @@ struct Learned {
 #[derive(Debug)]
 pub struct Costs {
     config: Live<CostConfig>,
-    learned: DashMap<String, Learned>,
+    /// The `auto` tools and the tools of weight 1, by their name's key (a call's [`Name`]
+    /// carries it: found without hashing).
+    learned: DashMap<u64, Learned, BuildHasherDefault<PassThrough>>,
 }
 
 impl Costs {
@@ -195,7 +204,7 @@ impl Costs {
     pub fn new(config: CostConfig) -> Self {
         let costs = Costs {
             config: Live::new(CostConfig::default()),
-            learned: DashMap::new(),
+            learned: DashMap::default(),
         };
         costs.reconfigure(config);
         costs
@@ -206,16 +215,17 @@ impl Costs {
         for (tool, w) in &config.tools {
             // Auto tools are learned, and the tools of weight 1 are measured as the unit.
             if *w == Weight::Auto || w.is_unit() {
-                self.learned.entry(tool.clone()).or_insert_with(|| Learned {
+                self.learned.entry(key_of(tool)).or_insert_with(|| Learned {
+                    tool: tool.as_str().into(),
                     weight: AtomicU32::new(config.min_weight.get()),
                     stats: Mutex::new((Ewma::new(LEARN_ALPHA), Ewma::new(LEARN_ALPHA))),
                 });
             }
         }
-        self.learned.retain(|tool, _| {
+        self.learned.retain(|_, l| {
             config
                 .tools
-                .get(tool)
+                .get(&*l.tool)
                 .is_some_and(|w| *w == Weight::Auto || w.is_unit())
         });
         self.config.store(Arc::new(config));
@@ -233,19 +243,26 @@ impl Costs {
 
     /// The weight of one call of `tool` now.
     pub fn weight(&self, tool: &str) -> u32 {
-        self.weight_in(tool, None)
+        self.weight_in(&Name::new(tool), None)
     }
 
     /// The weight of one call of `tool` under a request's snapshot.
-    pub(crate) fn weight_in(&self, tool: &str, snapshot: Option<&Snapshot>) -> u32 {
+    pub(crate) fn weight_in(&self, tool: &Name, snapshot: Option<&Snapshot>) -> u32 {
         let config = self.config.read(snapshot);
-        match config.tools.get(tool) {
+        match config.tools.get(tool.as_str()) {
             Some(Weight::Fixed(n)) => n.get(),
-            Some(Weight::Auto) => self.learned.get(tool).map_or(config.min_weight.get(), |l| {
+            Some(Weight::Auto) => self.learned(tool).map_or(config.min_weight.get(), |l| {
                 l.weight.load(Ordering::Relaxed)
             }),
             None => config.default_weight.get(),
         }
+    }
+
+    /// What is learned of `tool`, if it is learned.
+    fn learned(&self, tool: &Name) -> Option<dashmap::mapref::one::Ref<'_, u64, Learned>> {
+        self.learned
+            .get(&tool.key())
+            .filter(|l| &*l.tool == tool.as_str())
     }
 
     /// Recomputes the learned weights: each `auto` tool's smoothed service time and answer
@@ -257,7 +274,7 @@ impl Costs {
             .iter()
             .filter_map(|e| {
                 let (t, b) = *e.stats.lock().unwrap_or_else(PoisonError::into_inner);
-                Some((e.key().clone(), t.value()?, b.value().unwrap_or(0.0)))
+                Some((e.tool.to_string(), t.value()?, b.value().unwrap_or(0.0)))
             })
             .collect();
         let config = self.config.load();
@@ -281,7 +298,7 @@ impl Costs {
                 w *= 2.0;
             }
             let w = (w as u32).clamp(config.min_weight.get(), config.max_weight.get());
-            if let Some(l) = self.learned.get(&tool) {
+            if let Some(l) = self.learned(&Name::new(tool)) {
                 l.weight.store(w, Ordering::Relaxed);
             }
         }
@@ -293,10 +310,10 @@ impl Observer for Costs {
         if o.outcome != Outcome::Ok {
             return;
         }
-        let Some(tool) = o.call.tool.as_deref() else {
+        let Some(tool) = o.call.tool.as_ref() else {
             return;
         };
-        if let Some(l) = self.learned.get(tool) {
+        if let Some(l) = self.learned(tool) {
             let mut stats = l.stats.lock().unwrap_or_else(PoisonError::into_inner);
             stats.0.update(o.service_time.as_secs_f64());
             stats.1.update(o.response_bytes as f64);
@@ -352,6 +369,30 @@ mod tests {
             "10 ms / 8 ms = 1.25 -> 1, doubled"
         );
         assert_eq!(costs.weight("cache_get"), 1, "fixed");
+    }
+
+    #[test]
+    fn a_tool_sharing_another_tools_key_never_reads_its_weight() {
+        let config: CostConfig = serde_json::from_str(r#"{"tools":{"a":"auto"}}"#).unwrap();
+        let costs = Costs::new(config);
+        costs
+            .learned
+            .get(&key_of("a"))
+            .unwrap()
+            .weight
+            .store(7, Ordering::Relaxed);
+        assert_eq!(costs.weight("a"), 7);
+        // "b" learned under "a"'s key (a 64-bit accident): found by the key, refused by the name.
+        costs.learned.insert(
+            key_of("a"),
+            Learned {
+                tool: "b".into(),
+                weight: AtomicU32::new(9),
+                stats: Mutex::new((Ewma::new(LEARN_ALPHA), Ewma::new(LEARN_ALPHA))),
+            },
+        );
+        assert!(costs.learned(&Name::new("a")).is_none());
+        assert_eq!(costs.weight("a"), 1, "min_weight, not b's 9");
     }
 
     #[test]

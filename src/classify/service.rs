@@ -200,6 +200,11 @@ pub(crate) fn classify(
                 _ => (None, None, None),
             };
             let target = tool.or(resource).or(prompt);
+            let tool_name = tool.map(|n| shared.names.get(n));
+            let cost = match (&shared.costs, &tool_name) {
+                (Some(costs), Some(tool)) => costs.weight_in(tool, snapshot.map(Arc::as_ref)),
+                _ => 1,
+            };
             let header_mismatch = single
                 && (header_method.is_some_and(|h| Some(h) != method)
                     || header_name.is_some_and(|h| Some(h) != target));
@@ -207,7 +212,7 @@ pub(crate) fn classify(
                 kind: m.kind,
                 id: m.id.map(|raw| crate::call::RequestId::in_body(body, raw)),
                 method: method.map(|n| shared.names.get(n).into_shared()),
-                tool: tool.map(|n| shared.names.get(n)),
+                tool: tool_name,
                 resource: resource.map(Name::from), // a uri is more an argument than a name: not kept
                 prompt: prompt.map(|n| shared.names.get(n)),
                 session: shared.identity.session(parts, Meta::new(m.meta), &tenant),
@@ -221,12 +226,7 @@ pub(crate) fn classify(
                     body.slice(start..start + raw.get().len())
                 }),
                 pipeline: Pipeline {
-                    cost: match (&shared.costs, tool) {
-                        (Some(costs), Some(tool)) => {
-                            costs.weight_in(tool, snapshot.map(Arc::as_ref))
-                        }
-                        _ => 1,
-                    },
+                    cost,
                     deadline: tool
                         .zip(deadlines)
                         .and_then(|(t, d)| d.for_tool(t))
