@@ -1,5 +1,5 @@
 //! Per-call cost of the global + tenant admission with 1, 100 and 10 000 tenants, and of
-//! recording one outcome: `cargo bench --bench budget`.
+//! recording one outcome, from one thread and from two at once: `cargo bench --bench budget`.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -78,5 +78,50 @@ fn outcome(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, admission, outcome);
+/// Two threads recording outcomes at once, each for its own session and tool (so only what
+/// the budget shares between calls is shared): what a second tokio worker costs the first.
+fn outcome_two_threads(c: &mut Criterion) {
+    let b = budget();
+    let calls: Vec<Call> = (0..2)
+        .map(|i| {
+            Call::request("tools/call")
+                .with_tool(format!("search-{i}").as_str())
+                .with_session(stormgate::SessionId::new(format!("s-{i}")))
+        })
+        .collect();
+    c.bench_function("budget: record one outcome, two threads at once", |bench| {
+        bench.iter_custom(|iters| {
+            let start = std::sync::Barrier::new(2);
+            let took: Vec<Duration> = std::thread::scope(|s| {
+                let workers: Vec<_> = calls
+                    .iter()
+                    .map(|call| {
+                        let (b, start) = (&b, &start);
+                        s.spawn(move || {
+                            let observation = Observation {
+                                call,
+                                outcome: Outcome::Ok,
+                                service_time: Duration::from_millis(12),
+                                response_bytes: 512,
+                                queue_wait: Duration::ZERO,
+                            };
+                            start.wait();
+                            let t = std::time::Instant::now();
+                            for _ in 0..iters {
+                                b.observe(black_box(&observation));
+                            }
+                            t.elapsed()
+                        })
+                    })
+                    .collect();
+                workers.into_iter().map(|w| w.join().unwrap()).collect()
+            });
+            b.tick();
+            // Per outcome of one thread: the slower thread's time over its outcomes.
+            took.into_iter().max().unwrap()
+        })
+    });
+}
+
+criterion_group!(benches, admission, outcome, outcome_two_threads);
 criterion_main!(benches);
