@@ -10,10 +10,11 @@ use serde_json::value::RawValue;
 
 use crate::bounded::key_of;
 
-/// Implements what a name with its cached store key shares: equality, order and hashing by
-/// the text alone (the key is a function of it), `Debug` and `Display` as the text.
+/// Implements what a name with its cached store key shares: its constructor (which takes the
+/// key), the text, equality, order and hashing by the text alone (the key is a function of
+/// it), `Debug` and `Display` as the text.
 macro_rules! keyed_name {
-    ($name:ident) => {
+    ($name:ident, $new:literal, $text:literal) => {
         impl PartialEq for $name {
             fn eq(&self, other: &Self) -> bool {
                 self.key == other.key && self.name == other.name
@@ -55,6 +56,20 @@ macro_rules! keyed_name {
         }
 
         impl $name {
+            #[doc = $new]
+            pub fn new(name: impl Into<Arc<str>>) -> Self {
+                let name = name.into();
+                $name {
+                    key: key_of(&*name),
+                    name,
+                }
+            }
+
+            #[doc = $text]
+            pub fn as_str(&self) -> &str {
+                &self.name
+            }
+
             /// The name's key in every store of state kept per name (its keyed hash, taken
             /// once when it is made): the one hash of it a call costs.
             pub(crate) fn key(&self) -> u64 {
@@ -76,28 +91,14 @@ pub struct Tenant {
     key: u64,
 }
 
-keyed_name!(Tenant);
+keyed_name!(Tenant, "A tenant with this name.", "The tenant's name.");
 
 impl Tenant {
-    /// A tenant with this name.
-    pub fn new(name: impl Into<Arc<str>>) -> Self {
-        let name = name.into();
-        Tenant {
-            key: key_of(&*name),
-            name,
-        }
-    }
-
     /// The tenant every unauthenticated call belongs to.
     pub fn anonymous() -> Self {
         static ANONYMOUS: std::sync::LazyLock<Tenant> =
             std::sync::LazyLock::new(|| Tenant::new("anonymous"));
         ANONYMOUS.clone()
-    }
-
-    /// The tenant's name.
-    pub fn as_str(&self) -> &str {
-        &self.name
     }
 }
 
@@ -108,23 +109,9 @@ pub struct SessionId {
     key: u64,
 }
 
-keyed_name!(SessionId);
+keyed_name!(SessionId, "A session with this id.", "The session id.");
 
 impl SessionId {
-    /// A session with this id.
-    pub fn new(id: impl Into<Arc<str>>) -> Self {
-        let name = id.into();
-        SessionId {
-            key: key_of(&*name),
-            name,
-        }
-    }
-
-    /// The session id.
-    pub fn as_str(&self) -> &str {
-        &self.name
-    }
-
     /// The tenant's name as a session (the identity's last rung), shared, not copied, with
     /// its key.
     pub(crate) fn of_tenant(tenant: &Tenant) -> Self {
@@ -144,27 +131,13 @@ pub struct Name {
     key: u64,
 }
 
-keyed_name!(Name);
+keyed_name!(Name, "A target with this name.", "The name.");
 
 impl Name {
-    /// A target with this name.
-    pub fn new(name: impl Into<Arc<str>>) -> Self {
-        let name = name.into();
-        Name {
-            key: key_of(&*name),
-            name,
-        }
-    }
-
     /// The name with its key known (a store that hashed it already).
     pub(crate) fn with_key(name: Arc<str>, key: u64) -> Self {
         debug_assert_eq!(key, key_of(&*name));
         Name { name, key }
-    }
-
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.name
     }
 
     /// The name, shared.
