@@ -1,5 +1,6 @@
-//! The names a call is known by: its tenant, its session, its JSON-RPC id, each bounded where
-//! a client chooses it.
+//! The names a call is known by: its tenant, its session, its target, its JSON-RPC id, each
+//! bounded where a client chooses it; the first three carry their key in every store of
+//! per-name state, taken once.
 
 use std::borrow::Cow;
 use std::fmt;
