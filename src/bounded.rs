@@ -4,12 +4,13 @@
 //! Keys are never stored: an entry is found by a 64-bit SipHash of its key under one key
 //! random per process ([`key_of`]), so a client cannot choose ids that collide, and a megabyte
 //! of id costs 8 bytes here. Every store hashes a name alike, so a name a call carries is
-//! hashed once per call (a [`SessionId`](crate::SessionId) and a [`Tenant`](crate::Tenant) hold
-//! theirs), not once per store that looks it up. The store holds at most `cap` entries (the cap is passed
-//! on each insert, so a reload can change it): past it, nothing new is inserted and no entry is
-//! evicted for a newcomer: the caller sends it to its store's one shared entry, named
-//! [`OVERFLOW`]. Entries leave only through [`retain`](Bounded::retain), which the owner's
-//! sweeper calls.
+//! hashed once per call (a [`SessionId`](crate::SessionId), a [`Tenant`](crate::Tenant) and a
+//! [`Name`](crate::Name) hold theirs), not once per store that looks it up.
+//!
+//! The store holds at most `cap` entries (the cap is passed on each insert, so a reload can
+//! change it): past it, nothing new is inserted and no entry is evicted for a newcomer: the
+//! caller sends it to its store's one shared entry, named [`OVERFLOW`]. Entries leave only
+//! through [`retain`](Bounded::retain), which the owner's sweeper calls.
 
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 use std::sync::OnceLock;
