@@ -124,5 +124,6 @@ fn the_stacks_own_allocations_stay_under_their_ceiling() {
 /// be on an accepted session: on one never accepted they are mostly refused, and the figure
 /// (22 and less) counts mostly those refusals.
 const OWN_ALLOCS_CEILING: f64 = 11.0;
-/// The same in bytes: 2 752 per call (11 548 against 8 796).
-const OWN_BYTES_CEILING: f64 = 2_800.0;
+/// The same in bytes: 2 792 per call (11 588 against 8 796; 2 752 until a call carried the
+/// keys of its session, tenant and target, 40 bytes).
+const OWN_BYTES_CEILING: f64 = 2_840.0;
