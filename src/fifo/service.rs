@@ -11,14 +11,13 @@ use tower::{BoxError, Service, ServiceExt};
 use super::body::{LeaseBody, Leases};
 use super::layer::LayerState;
 use super::{Acquire, DEFAULT_KEY, QueueWait};
-use crate::call::Name;
-
-/// [`DEFAULT_KEY`] with its key.
-static DEFAULT: std::sync::LazyLock<Name> = std::sync::LazyLock::new(|| Name::new(DEFAULT_KEY));
-use crate::call::Calls;
+use crate::call::{Calls, Name};
 use crate::charges::ChargedTo;
 use crate::mcp::verdict;
 use crate::response::ResponseFuture;
+
+/// [`DEFAULT_KEY`] with its key.
+static DEFAULT: std::sync::LazyLock<Name> = std::sync::LazyLock::new(|| Name::new(DEFAULT_KEY));
 
 /// The FIFO limiter for inbound MCP tool calls. Built by [`FifoLimitLayer`](super::FifoLimitLayer).
 pub struct FifoLimit<S> {
