@@ -25,8 +25,14 @@ pub const OVERFLOW: &str = "~overflow";
 /// The keyed hash every store finds `key`'s entry by: SipHash under the process's one random
 /// key.
 pub(crate) fn key_of<K: Hash + ?Sized>(key: &K) -> u64 {
+    keys().hash_one(key)
+}
+
+/// The process's one random SipHash key: [`key_of`]'s, and the canonical form's of a call's
+/// arguments ([`crate::canonical`]).
+pub(crate) fn keys() -> &'static RandomState {
     static KEYS: OnceLock<RandomState> = OnceLock::new();
-    KEYS.get_or_init(RandomState::new).hash_one(key)
+    KEYS.get_or_init(RandomState::new)
 }
 
 /// A map of at most `cap` entries keyed by a keyed hash. See the [module docs](self).

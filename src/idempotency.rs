@@ -346,7 +346,7 @@ fn key_of(
         let raw = calls.raw(0);
         let parsed: Params<'_> = serde_json::from_slice(&raw).ok()?;
         let meta = parsed.params?.meta;
-        Meta::new(meta)
+        Meta::new(meta.map(RawValue::get))
             .get_str(&config.meta_key)
             .map(|k| k.into_owned())
             .filter(|_| call.tool.is_some())

@@ -97,6 +97,7 @@ mod bounded;
 pub mod breaker;
 pub mod budget;
 pub mod call;
+mod canonical;
 pub mod charges;
 pub mod classify;
 pub mod clients;
@@ -119,6 +120,7 @@ mod policy;
 mod protocol;
 pub mod rejection;
 pub mod response;
+mod scan;
 mod schemas;
 #[cfg(all(unix, feature = "serve"))]
 pub mod serve;

@@ -26,11 +26,12 @@ use super::ids::{SessionId, Tenant, bounded};
 
 /// The `params._meta` object of a message, read lazily.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Meta<'a>(Option<&'a RawValue>);
+pub struct Meta<'a>(Option<&'a str>);
 
 impl<'a> Meta<'a> {
-    pub(crate) fn new(raw: Option<&'a RawValue>) -> Self {
-        Meta(raw)
+    /// `_meta`'s JSON text, if the message has one.
+    pub(crate) fn new(json: Option<&'a str>) -> Self {
+        Meta(json)
     }
 
     /// The string value of `_meta[key]`, if `_meta` is an object holding a string there.
@@ -41,7 +42,7 @@ impl<'a> Meta<'a> {
     /// The JSON text of `_meta[key]`, as sent, if `_meta` is an object holding `key`.
     pub fn get_raw(&self, key: &str) -> Option<&'a RawValue> {
         let raw = self.0?;
-        let map: BTreeMap<Cow<'a, str>, &'a RawValue> = serde_json::from_str(raw.get()).ok()?;
+        let map: BTreeMap<Cow<'a, str>, &'a RawValue> = serde_json::from_str(raw).ok()?;
         map.get(key).copied()
     }
 }

@@ -203,8 +203,8 @@ impl RequestId {
     }
 
     /// The id `raw`, a value parsed from `body`: its span of `body`.
-    pub(crate) fn in_body(body: &Bytes, raw: &RawValue) -> Self {
-        RequestId(body.slice_ref(raw.get().as_bytes()))
+    pub(crate) fn in_body(body: &Bytes, json: &str) -> Self {
+        RequestId(body.slice_ref(json.as_bytes()))
     }
 
     pub(crate) fn raw(&self) -> &RawValue {

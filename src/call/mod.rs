@@ -71,10 +71,28 @@ pub struct Call {
     pub(crate) span: Range<usize>,
     /// Position of this message in the body the client sent (kept when a batch is split).
     pub(crate) seq: u32,
-    /// `params.arguments` of a `tools/call`, the exact bytes (a slice of the body, no copy).
-    pub(crate) arguments: Option<Bytes>,
+    /// `params.arguments` of a `tools/call`.
+    pub(crate) arguments: Option<Arguments>,
     /// Its cost, deadline, charges and settings: the stack's, not the client's.
     pub(crate) pipeline: Pipeline,
+}
+
+/// A call's `params.arguments`: the exact bytes (a slice of the body, no copy) and, when the
+/// classifier read them keyed, their canonical key, computed in the same pass as the envelope.
+#[derive(Debug, Clone)]
+pub(crate) struct Arguments {
+    pub(crate) text: Bytes,
+    /// The canonical key ([`crate::canonical`]); `None` for arguments not read keyed (under
+    /// the kill switch's `off`, or set by [`Call::with_arguments`]): computed when asked.
+    pub(crate) key: Option<u64>,
+}
+
+impl Arguments {
+    /// The canonical key, computed here when it was not as the body was read.
+    pub(crate) fn key(&self) -> u64 {
+        self.key
+            .unwrap_or_else(|| crate::canonical::digest(&self.text))
+    }
 }
 
 impl CallKind {
@@ -132,15 +150,18 @@ impl Call {
 
     /// Sets the `tools/call` arguments (JSON text).
     pub fn with_arguments(mut self, json: &str) -> Self {
-        self.arguments = Some(Bytes::copy_from_slice(json.as_bytes()));
+        self.arguments = Some(Arguments {
+            text: Bytes::copy_from_slice(json.as_bytes()),
+            key: None,
+        });
         self
     }
 
     /// The `tools/call` arguments as sent (JSON text), if any.
     pub fn arguments(&self) -> Option<&str> {
         self.arguments
-            .as_deref()
-            .and_then(|b| std::str::from_utf8(b).ok())
+            .as_ref()
+            .and_then(|a| std::str::from_utf8(&a.text).ok())
     }
 
     /// Sets the cost.

@@ -13,7 +13,7 @@ use tower::{BoxError, Service};
 use super::ResponseFuture;
 use super::gather::Gather;
 use super::layer::Settings;
-use crate::call::{Bypassed, Call, Calls, Meta, Name, Pipeline, Unclassified};
+use crate::call::{Arguments, Bypassed, Call, Calls, Meta, Name, Pipeline, Unclassified};
 use crate::mcp::{self, ProtocolVersion};
 use crate::snapshot::{Live, Snapshot};
 
@@ -173,20 +173,21 @@ pub(crate) fn classify(
     body: &Bytes,
     shared: &Settings,
 ) -> Result<Calls, Unclassified> {
-    let parsed = mcp::parse(body)?;
+    let snapshot = parts.extensions.get::<Arc<Snapshot>>();
+    // The kill switch's `off` refuses nothing: no deadline to cut a call at, no arguments'
+    // key to compute.
+    let off = shared.switch.read(snapshot.map(Arc::as_ref)).mode == crate::policy::Mode::Off;
+    let parsed = mcp::parse(body, !off)?;
     let protocol_version =
         header_str(parts, &mcp::PROTOCOL_VERSION).and_then(|v| v.parse::<ProtocolVersion>().ok());
     if parsed.batch && !shared.batches.classifies(protocol_version) {
         return Err(Unclassified::BatchUnsupported);
     }
-    let snapshot = parts.extensions.get::<Arc<Snapshot>>();
     let tenant = shared.identity.tenant(parts);
     let header_method = header_str(parts, &mcp::METHOD);
     let header_name = header_str(parts, &mcp::NAME);
     let single = !parsed.batch;
     let now = tokio::time::Instant::now();
-    // The kill switch's `off` refuses nothing: no deadline to cut a call at.
-    let off = shared.switch.read(snapshot.map(Arc::as_ref)).mode == crate::policy::Mode::Off;
     let deadlines = (!off).then_some(&shared.deadlines);
     let calls = parsed
         .into_messages()
@@ -221,9 +222,9 @@ pub(crate) fn classify(
                 header_mismatch,
                 span: m.span,
                 seq: u32::try_from(seq).unwrap_or(u32::MAX),
-                arguments: m.arguments.map(|raw| {
-                    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
-                    body.slice(start..start + raw.get().len())
+                arguments: m.arguments.map(|a| Arguments {
+                    text: body.slice_ref(a.text.as_bytes()),
+                    key: a.key,
                 }),
                 pipeline: Pipeline {
                     cost,

@@ -231,12 +231,12 @@ impl SessionGuard {
         let mut h = self.inner.keys.build_hasher();
         call.method.hash(&mut h);
         call.target().hash(&mut h);
-        if let (Some(tool), Some(args)) = (call.tool.as_deref(), call.arguments.as_deref())
+        if let (Some(tool), Some(args)) = (call.tool.as_deref(), call.arguments.as_ref())
             && self.inner.switch.of(call).mode != Mode::Off
         {
             let config = self.config_of(call);
             let pointers = config.resource_keys.get(tool).map(Vec::as_slice);
-            hash_arguments(args, pointers, &self.inner.keys, &mut h);
+            hash_arguments(args, pointers, &mut h);
         }
         h.finish()
     }
