@@ -202,7 +202,7 @@ impl RequestId {
         &self.0
     }
 
-    /// The id `raw`, a value parsed from `body`: its span of `body`.
+    /// The id whose JSON text `json` was read from `body`: its span of `body`.
     pub(crate) fn in_body(body: &Bytes, json: &str) -> Self {
         RequestId(body.slice_ref(json.as_bytes()))
     }
