@@ -468,48 +468,47 @@ pub(crate) mod tests {
                 ]
             })
             .prop_map(|v| v.to_string());
-        near(
-            value,
-            &[
-                "\"",
-                "\\",
-                "\\u",
-                "\\ud800",
-                "\\udc00",
-                "\\ud83d\\ude00",
-                ",",
-                ":",
-                "[",
-                "]",
-                "{",
-                "}",
-                "0",
-                "-",
-                ".",
-                "e",
-                "+",
-                " ",
-                "\u{c}",
-                "\n",
-                "\u{1}",
-                "n",
-                "tru",
-                "é",
-            ],
-        )
+        near(value, &[])
     }
 
-    /// Texts near those of `text`: each with up to two of `pieces` inserted, or a character
-    /// removed or replaced by one of them.
+    /// What [`near`] inserts into a text or puts in place of one of its characters: JSON's
+    /// punctuation, escapes (unpaired surrogates among them), number parts, the form feed
+    /// (whitespace to some readers, not to JSON), a control byte, a literal's prefix.
+    const PIECES: &[&str] = &[
+        "\"",
+        "\\",
+        "\\u",
+        "\\ud800",
+        "\\udc00",
+        "\\ud83d\\ude00",
+        ",",
+        ":",
+        "[",
+        "]",
+        "{",
+        "}",
+        "0",
+        "-",
+        ".",
+        "e",
+        "+",
+        " ",
+        "\u{c}",
+        "\n",
+        "\u{1}",
+        "n",
+        "tru",
+        "é",
+    ];
+
+    /// Texts near those of `text`: each with up to two of [`PIECES`] or `more` inserted, or a
+    /// character removed or replaced by one of them.
     pub(crate) fn near(
         text: impl Strategy<Value = String>,
-        pieces: &'static [&'static str],
+        more: &'static [&'static str],
     ) -> impl Strategy<Value = String> {
-        let edit = (
-            any::<prop::sample::Index>(),
-            0..3u8,
-            prop::sample::select(pieces),
-        );
+        let pieces = prop::sample::select([PIECES, more].concat());
+        let edit = (any::<prop::sample::Index>(), 0..3u8, pieces);
         (text, proptest::collection::vec(edit, 0..3)).prop_map(|(mut text, edits)| {
             for (at, how, piece) in edits {
                 let mut i = at.index(text.len() + 1);

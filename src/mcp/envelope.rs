@@ -262,9 +262,9 @@ pub(crate) fn parse(body: &[u8], keyed: bool) -> Result<Parsed<'_>, Unclassified
         Some(b'[') => {
             let mut messages = Vec::new();
             scan.array(|scan| {
-                scan.peek();
+                let first = scan.peek();
                 let start = scan.pos();
-                let read = match scan.peek() {
+                let read = match first {
                     Some(b'{') => match wire(scan, keyed) {
                         Ok(wire) => Some(wire),
                         Err(Stop::Bad) => return Err(Bad),
@@ -380,31 +380,11 @@ mod tests {
         let batch =
             proptest::collection::vec(prop_oneof![3 => message_text(), 1 => scalar()], 0..4)
                 .prop_map(|items| format!(" [ {} ]", items.join(" ,")));
+        // Past the scanner's own pieces: a number out of f64's range, a string and a key of
+        // an unpaired surrogate (valid JSON that serde_json refuses where it reads it).
         crate::scan::tests::near(
             prop_oneof![3 => one, 1 => batch],
-            &[
-                "\"",
-                "\\",
-                "\\ud800",
-                "\\udc00",
-                ",",
-                ":",
-                "[",
-                "]",
-                "{",
-                "}",
-                "0",
-                "-",
-                "e",
-                " ",
-                "\u{c}",
-                "\u{1}",
-                "n",
-                "é",
-                "1e400",
-                "\"\\ud800\"",
-                "\"\\ud800\":1,",
-            ],
+            &["1e400", "\"\\ud800\"", "\"\\ud800\":1,"],
         )
     }
 
