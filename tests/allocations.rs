@@ -124,7 +124,6 @@ fn the_stacks_own_allocations_stay_under_their_ceiling() {
 /// be on an accepted session: on one never accepted they are mostly refused, and the figure
 /// (22 and less) counts mostly those refusals.
 const OWN_ALLOCS_CEILING: f64 = 11.0;
-/// The same in bytes: 2 808 per call (11 604 against 8 796; 2 752 until a call carried the
-/// keys of its session, tenant and target, 40 bytes; 2 792 until it carried its arguments'
-/// canonical key, 16).
-const OWN_BYTES_CEILING: f64 = 2_840.0;
+/// The same in bytes: 2 535 per call (11 332 against 8 797), since the answer's reader makes
+/// the buffer of a listed tool's name only for a `tools/list` (272 bytes; 2 808 before).
+const OWN_BYTES_CEILING: f64 = 2_600.0;

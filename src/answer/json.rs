@@ -169,6 +169,12 @@ struct Small<const N: usize> {
     over: bool,
 }
 
+impl<const N: usize> Default for Small<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<const N: usize> Small<N> {
     fn new() -> Self {
         Small {
@@ -296,7 +302,7 @@ struct Gather {
 }
 
 /// What is gathered of the tool being read in a `result.tools` list.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct ToolGather {
     name: Small<MAX_NAME>,
     named: bool,
@@ -318,7 +324,10 @@ pub(crate) struct Reader {
     key: Small<SMALL>,
     scalar: Small<SMALL>,
     message: Gather,
-    tool: ToolGather,
+    /// Made at the first tool of a `tools/list` answer: most answers list none, and without
+    /// its name's buffer a reader (in an answer's body, one allocation) stays within the
+    /// size the allocator serves from its per-thread cache.
+    tool: Option<Box<ToolGather>>,
     /// Bytes fed since the last reset.
     offset: u64,
     /// The message's own bytes, for a listener that keeps them.
@@ -355,11 +364,7 @@ impl Default for Reader {
                 text: Small::new(),
                 start: 0,
             },
-            tool: ToolGather {
-                name: Small::new(),
-                named: false,
-                declares: false,
-            },
+            tool: None,
             offset: 0,
             kept: Vec::new(),
             keep: 0,
@@ -499,8 +504,9 @@ impl Reader {
                 Sink::Text
             }
             Role::Name => {
-                self.tool.name.clear();
-                self.tool.named = true;
+                let tool = self.tool();
+                tool.name.clear();
+                tool.named = true;
                 Sink::Name
             }
             _ => {
@@ -509,6 +515,11 @@ impl Reader {
             }
         };
         self.open_string(sink);
+    }
+
+    /// The tool being read, made at the first.
+    fn tool(&mut self) -> &mut ToolGather {
+        self.tool.get_or_insert_default()
     }
 
     fn open_string(&mut self, sink: Sink) {
@@ -522,7 +533,7 @@ impl Reader {
         match role {
             Role::Result => self.message.result = true,
             Role::Error => self.message.error = true,
-            Role::OutputSchema => self.tool.declares = true,
+            Role::OutputSchema => self.tool().declares = true,
             _ => {}
         }
     }
@@ -605,9 +616,10 @@ impl Reader {
                 self.keeping
             }
             Role::Tool => {
-                self.tool.name.clear();
-                self.tool.named = false;
-                self.tool.declares = false;
+                let tool = self.tool();
+                tool.name.clear();
+                tool.named = false;
+                tool.declares = false;
                 false
             }
             _ => false,
@@ -646,11 +658,12 @@ impl Reader {
                 self.kept = kept;
             }
             Role::Tool => {
-                if self.tool.named
-                    && let Some(name) = self.tool.name.whole()
+                if let Some(tool) = &self.tool
+                    && tool.named
+                    && let Some(name) = tool.name.whole()
                     && let Ok(name) = std::str::from_utf8(name)
                 {
-                    listener.tool(name, self.tool.declares);
+                    listener.tool(name, tool.declares);
                 }
             }
             _ => {}
@@ -754,7 +767,7 @@ impl Reader {
             Sink::Key => self.key.push(bytes),
             Sink::Id => self.message.id.push(bytes),
             Sink::Text => self.message.text.push(bytes),
-            Sink::Name => self.tool.name.push(bytes),
+            Sink::Name => self.tool().name.push(bytes),
         }
     }
 
@@ -786,7 +799,7 @@ impl Reader {
         match self.sink {
             Sink::Key => self.key.push(bytes),
             Sink::Text => self.message.text.push(bytes),
-            Sink::Name => self.tool.name.push(bytes),
+            Sink::Name => self.tool().name.push(bytes),
             Sink::Skip | Sink::Id => {}
         }
     }
