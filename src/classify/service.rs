@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -19,23 +19,61 @@ use crate::snapshot::{Live, Snapshot};
 
 /// Reads MCP POST bodies and attaches their [`Calls`]. Built by
 /// [`ClassifyLayer`](super::ClassifyLayer).
-#[derive(Clone)]
+///
+/// A request reads its body before it calls the rest of the stack, so it takes a service of
+/// its own: [`poll_ready`](Service::poll_ready) clones one from the service this was built
+/// around (shared, not copied, by the clones of this service) and readies it, and the next
+/// call takes it. A router that clones its route for every request (axum does) so pays for
+/// one copy of the stack and the MCP service below it per request, not two.
 pub struct Classify<S> {
-    inner: S,
+    /// The service this was built around, cloned for each request (under a lock, so a
+    /// service that is `Send` but not `Sync`, such as tower's `BoxCloneService`, can be
+    /// shared).
+    proto: Arc<Mutex<S>>,
+    /// The clone readied by `poll_ready`, which the next call takes.
+    ready: Option<S>,
     shared: Arc<Live<Settings>>,
 }
 
 impl<S> Classify<S> {
     pub(crate) fn new(inner: S, shared: Arc<Live<Settings>>) -> Self {
-        Classify { inner, shared }
+        Classify {
+            proto: Arc::new(Mutex::new(inner)),
+            ready: None,
+            shared,
+        }
+    }
+}
+
+/// A clone shares the service it was built around and has none readied.
+impl<S> Clone for Classify<S> {
+    fn clone(&self) -> Self {
+        Classify {
+            proto: self.proto.clone(),
+            ready: None,
+            shared: self.shared.clone(),
+        }
     }
 }
 
 impl<S: fmt::Debug> fmt::Debug for Classify<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Classify")
-            .field("inner", &self.inner)
+            .field("inner", &self.proto)
             .finish_non_exhaustive()
+    }
+}
+
+/// A copy of the service a [`Classify`] was built around.
+fn copy<S: Clone>(proto: &Mutex<S>) -> S {
+    proto.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+impl<S: Clone> Classify<S> {
+    /// The service readied for this call (a fresh copy, not readied, for a caller that did
+    /// not ask `poll_ready` first).
+    fn take(&mut self) -> S {
+        self.ready.take().unwrap_or_else(|| copy(&self.proto))
     }
 }
 
@@ -52,13 +90,14 @@ where
     type Future = ResponseFuture<S, B>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        let proto = &self.proto;
+        self.ready.get_or_insert_with(|| copy(proto)).poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         if req.method() != Method::POST || req.extensions().get::<Bypassed>().is_some() {
-            // Nothing to read: the readied inner service, called in place.
-            return ResponseFuture::call(self.inner.call(req.map(Body::new)));
+            // Nothing to read: the readied inner service, called at once.
+            return ResponseFuture::call(self.take().call(req.map(Body::new)));
         }
         // The request runs under one snapshot of every stage's settings, taken at its head.
         let own = self.shared.load();
@@ -85,14 +124,11 @@ where
         if let Some(snapshot) = snapshot {
             parts.extensions.insert(snapshot);
         }
-        // The body is read first: this request takes the readied service, a clone waits for
-        // the next poll_ready.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        // The body is read first: this request takes the readied service with it.
         ResponseFuture::collect(
             Gather::new(Limited::new(body, limit)),
             parts,
-            inner,
+            self.take(),
             shared,
             reservation,
         )
@@ -246,4 +282,63 @@ pub(crate) fn classify(
         schemas: shared.schemas.clone(),
         refusals: shared.refusals.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::future::{Ready, ready};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tower::{Layer, ServiceExt};
+
+    use super::*;
+    use crate::classify::ClassifyLayer;
+
+    /// Answers every request with an empty 200 and counts its clones.
+    struct Counted(Arc<AtomicUsize>);
+
+    impl Clone for Counted {
+        fn clone(&self) -> Self {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Counted(self.0.clone())
+        }
+    }
+
+    impl Service<Request<Body>> for Counted {
+        type Response = Response;
+        type Error = Infallible;
+        type Future = Ready<Result<Response, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            ready(Ok(Response::new(Body::empty())))
+        }
+    }
+
+    /// axum clones a route for every request; the stack below the classifier (the MCP
+    /// service with it) is then copied once per request, a call whose body is read or not.
+    #[tokio::test]
+    async fn a_request_copies_the_service_below_once() {
+        let clones = Arc::new(AtomicUsize::new(0));
+        let route = ClassifyLayer::new().layer(Counted(clones.clone()));
+        let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#;
+        for (n, method) in [Method::POST, Method::GET, Method::POST]
+            .into_iter()
+            .enumerate()
+        {
+            let request = Request::builder()
+                .method(method)
+                .uri("/mcp")
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Body::from(call))
+                .unwrap();
+            let answer = route.clone().oneshot(request).await.unwrap();
+            assert_eq!(answer.status(), StatusCode::OK);
+            assert_eq!(clones.load(Ordering::Relaxed), n + 1, "request {n}");
+        }
+    }
 }
