@@ -22,6 +22,7 @@ use super::service::{classified, too_large, too_slow, unreadable};
 use crate::answer::Framing;
 use crate::call::Calls;
 use crate::schemas::{ToolSchemas, tool_list_body};
+use crate::snapshot::Snapshot;
 
 pin_project! {
     /// Response future of [`Classify`](super::Classify): reads the body, then runs the inner
@@ -54,6 +55,8 @@ pin_project! {
             parts: Option<Parts>,
             inner: S,
             shared: Arc<Settings>,
+            // The settings of every stage the request runs under, taken at its head.
+            snapshot: Option<Arc<Snapshot>>,
             // This body's share of the buffering cap, given back once it is read.
             reservation: Option<Reservation>,
         },
@@ -97,6 +100,7 @@ where
         parts: Parts,
         inner: S,
         shared: Arc<Settings>,
+        snapshot: Option<Arc<Snapshot>>,
         reservation: Reservation,
     ) -> Self {
         ResponseFuture {
@@ -106,6 +110,7 @@ where
                 parts: Some(parts),
                 inner,
                 shared,
+                snapshot,
                 reservation: Some(reservation),
             },
         }
@@ -132,6 +137,7 @@ where
                     parts,
                     inner,
                     shared,
+                    snapshot,
                     reservation,
                 } => {
                     let collected = match collect.poll(cx) {
@@ -154,7 +160,7 @@ where
                         }
                     };
                     let parts = parts.take().expect("polled after completion");
-                    let request = classified(parts, body, shared);
+                    let request = classified(parts, body, shared, snapshot.as_ref());
                     let lists_tools = request
                         .extensions()
                         .get::<Calls>()

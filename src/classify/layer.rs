@@ -262,6 +262,7 @@ impl ClassifyLayer {
             parts,
             &bytes::Bytes::from(body.to_owned()),
             &self.shared.load(),
+            None,
         )
         .expect("a JSON-RPC body")
     }

@@ -120,16 +120,14 @@ where
         let Some(reservation) = shared.buffering.reserve(bytes, shared.max_buffered) else {
             return ResponseFuture::done(busy());
         };
-        let (mut parts, body) = req.into_parts();
-        if let Some(snapshot) = snapshot {
-            parts.extensions.insert(snapshot);
-        }
+        let (parts, body) = req.into_parts();
         // The body is read first: this request takes the readied service with it.
         ResponseFuture::collect(
             Gather::new(Limited::new(body, limit)),
             parts,
             self.take(),
             shared,
+            snapshot,
             reservation,
         )
     }
@@ -174,9 +172,15 @@ pub(super) fn unreadable() -> Response {
     mcp::reply::invalid_request(StatusCode::BAD_REQUEST, "request body could not be read")
 }
 
-/// Attaches the classification of `body` to `parts` and rebuilds the request.
-pub(super) fn classified(mut parts: Parts, body: Bytes, shared: &Settings) -> Request<Body> {
-    match classify(&parts, &body, shared) {
+/// Attaches the classification of `body` under `snapshot` to `parts` and rebuilds the
+/// request.
+pub(super) fn classified(
+    mut parts: Parts,
+    body: Bytes,
+    shared: &Settings,
+    snapshot: Option<&Arc<Snapshot>>,
+) -> Request<Body> {
+    match classify(&parts, &body, shared, snapshot) {
         Ok(calls) => {
             for call in calls.iter() {
                 ::metrics::counter!(crate::metrics::MESSAGES, "kind" => call.kind.as_str())
@@ -203,13 +207,14 @@ fn header_str<'a>(parts: &'a Parts, name: &http::HeaderName) -> Option<&'a str> 
     parts.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// The classification of one MCP POST body.
+/// The classification of one MCP POST body, every call of it under `snapshot` (the settings
+/// its request started with, when a `Control` built the stack).
 pub(crate) fn classify(
     parts: &Parts,
     body: &Bytes,
     shared: &Settings,
+    snapshot: Option<&Arc<Snapshot>>,
 ) -> Result<Calls, Unclassified> {
-    let snapshot = parts.extensions.get::<Arc<Snapshot>>();
     // The kill switch's `off` refuses nothing: no deadline to cut a call at, no arguments'
     // key to compute.
     let off = shared.switch.read(snapshot.map(Arc::as_ref)).mode == crate::policy::Mode::Off;
