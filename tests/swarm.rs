@@ -5,7 +5,8 @@
 //! second), the calm complex agent (five tools round-robin, one call in flight, two a second),
 //! and from 10 s a runaway of 16 searches over 8 sessions, each a new query, each retrying its
 //! refusals 20 ms later whatever their `retry_after_ms`. Every call gives up after 1 s, as the
-//! script's do.
+//! script's do. The same agents also speak MCP 2026-07-28 with a bearer token each (the
+//! script's `stateless`).
 
 mod common;
 
@@ -18,16 +19,59 @@ use std::time::Duration;
 
 use axum::Router;
 use serde_json::{Value, json};
-use stormgate::control::Config;
+use stormgate::control::{Config, Control};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
 /// What one agent's calls ended as: "ok", "error", "timeout" or the refusal's reason.
 type Outcomes = Arc<Mutex<BTreeMap<String, usize>>>;
 
+/// Who an agent is: a legacy MCP session (its id), or a client of MCP 2026-07-28 (no session)
+/// presenting a bearer token of its own, as `python_agents.py ... stateless` runs them.
+#[derive(Clone)]
+enum Agent {
+    Session(String),
+    Token(String),
+}
+
+impl Agent {
+    /// A new agent on `router`: a session opened with `initialize`, or `name`'s token.
+    async fn open(router: &Router, stateless: bool, name: &str) -> Agent {
+        if stateless {
+            Agent::Token(format!("token-of-{name}"))
+        } else {
+            Agent::Session(common::session(router).await)
+        }
+    }
+
+    /// A `tools/call` of this agent.
+    fn tool_call(&self, id: usize, tool: &str, args: Value) -> http::Request<axum::body::Body> {
+        match self {
+            Agent::Session(session) => common::tool_call(session, id, tool, args),
+            Agent::Token(token) => http::Request::post("/mcp")
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("host", "localhost")
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", "tools/call")
+                .header("mcp-name", tool)
+                .header("authorization", format!("Bearer {token}"))
+                .body(axum::body::Body::from(
+                    json!({"jsonrpc":"2.0","id":id,"method":"tools/call",
+                        "params":{"name":tool,"arguments":args,"_meta":{
+                            "io.modelcontextprotocol/protocolVersion":"2026-07-28",
+                            "io.modelcontextprotocol/clientCapabilities":{},
+                            "io.modelcontextprotocol/clientInfo":{"name":"agent","version":"1"}}}})
+                    .to_string(),
+                ))
+                .unwrap(),
+        }
+    }
+}
+
 /// How one call ended, and the refusal's wait if it was refused.
-async fn call(router: &Router, session: &str, id: usize, tool: &str, args: Value) -> (String, u64) {
-    let request = common::tool_call(session, id, tool, args);
+async fn call(router: &Router, agent: &Agent, id: usize, tool: &str, args: Value) -> (String, u64) {
+    let request = agent.tool_call(id, tool, args);
     let answer = tokio::time::timeout(Duration::from_secs(1), async {
         common::message(router.clone().oneshot(request).await.unwrap())
             .await
@@ -74,8 +118,7 @@ impl Rng {
     }
 }
 
-async fn steady(router: Router, i: usize, end: Instant, outcomes: Outcomes) {
-    let session = common::session(&router).await;
+async fn steady(router: Router, session: Agent, i: usize, end: Instant, outcomes: Outcomes) {
     let mut rng = Rng(i as u64);
     tokio::time::sleep(rng.ms(0, 1000)).await;
     let mut n = 0;
@@ -93,12 +136,12 @@ async fn steady(router: Router, i: usize, end: Instant, outcomes: Outcomes) {
 /// after each answer.
 async fn complex(
     router: Router,
+    session: Agent,
     end: Instant,
     outcomes: Outcomes,
     callers: usize,
     pause: (u64, u64),
 ) {
-    let session = common::session(&router).await;
     let callers = (0..callers).map(|w| {
         let (router, session, outcomes) = (router.clone(), session.clone(), outcomes.clone());
         tokio::spawn(complex_caller(
@@ -112,7 +155,7 @@ async fn complex(
 
 async fn complex_caller(
     router: Router,
-    session: String,
+    session: Agent,
     w: usize,
     callers: usize,
     end: Instant,
@@ -155,7 +198,7 @@ async fn complex_caller(
 
 async fn sub_agent_caller(
     router: Router,
-    session: String,
+    session: Agent,
     w: usize,
     end: Instant,
     outcomes: Outcomes,
@@ -177,7 +220,8 @@ async fn sub_agent_caller(
 }
 
 /// What each group of agents' calls ended as, and the sub-agents' factors each second from
-/// the swarm's start (`None` while a sub-agent waits in its tenant's unverified pool).
+/// the swarm's start (`None` while a sub-agent waits in its tenant's unverified pool, and for
+/// stateless ones, whose sessions are keyed hashes of their tokens).
 struct Figures {
     steady: BTreeMap<String, usize>,
     complex: BTreeMap<String, usize>,
@@ -185,12 +229,40 @@ struct Figures {
     factors: Vec<Vec<Option<f64>>>,
 }
 
-/// Runs the agents for 60 s, the complex agent with `callers` callers each pausing `pause`.
-async fn run(callers: usize, pause: (u64, u64)) -> Figures {
+/// The example server behind the whole stack, `examples/stormgate.toml` as shipped.
+fn server() -> (Router, Control) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/stormgate.toml");
     let config = Config::load(std::path::Path::new(path)).unwrap();
     let (router, control) = app::protected(app::Backend::new(), config).unwrap();
     let _ = control.spawn();
+    (router, control)
+}
+
+/// Runs the agents for 60 s, the complex agent with `callers` callers each pausing `pause`.
+async fn run(callers: usize, pause: (u64, u64)) -> Figures {
+    let (router, control) = server();
+    agents(&router, &control, Scenario::Swarm, callers, pause).await
+}
+
+/// How the agents speak and how the runaway's searches are spread.
+#[derive(Clone, Copy, PartialEq)]
+enum Scenario {
+    /// Legacy sessions; the runaway over 8 sessions.
+    Swarm,
+    /// MCP 2026-07-28, a bearer token per agent; the runaway one token (its 16 searches).
+    Stateless,
+}
+
+/// 60 s of the agents on `router`, as `python_agents.py ... 16 <scenario>` runs them (agents
+/// named as the script names them, so tokens are the script's).
+async fn agents(
+    router: &Router,
+    control: &Control,
+    scenario: Scenario,
+    callers: usize,
+    pause: (u64, u64),
+) -> Figures {
+    let stateless = scenario == Scenario::Stateless;
     let end = Instant::now() + Duration::from_secs(60);
     let (steadies, complex_, swarm) = (
         Outcomes::default(),
@@ -199,15 +271,19 @@ async fn run(callers: usize, pause: (u64, u64)) -> Figures {
     );
     let mut tasks = Vec::new();
     for i in 0..4 {
+        let agent = Agent::open(router, stateless, &format!("steady-{i}")).await;
         tasks.push(tokio::spawn(steady(
             router.clone(),
+            agent,
             i,
             end,
             steadies.clone(),
         )));
     }
+    let agent = Agent::open(router, stateless, "complex").await;
     tasks.push(tokio::spawn(complex(
         router.clone(),
+        agent,
         end,
         complex_.clone(),
         callers,
@@ -215,11 +291,11 @@ async fn run(callers: usize, pause: (u64, u64)) -> Figures {
     )));
     tokio::time::sleep(Duration::from_secs(10)).await;
     let mut sessions = Vec::new();
-    for _ in 0..8 {
-        sessions.push(common::session(&router).await);
+    for i in 0..if stateless { 1 } else { 8 } {
+        sessions.push(Agent::open(router, stateless, &format!("runaway-{i}")).await);
     }
     for w in 0..16 {
-        let (router, session) = (router.clone(), sessions[w % 8].clone());
+        let (router, session) = (router.clone(), sessions[w % sessions.len()].clone());
         tasks.push(tokio::spawn(sub_agent_caller(
             router,
             session,
@@ -232,9 +308,11 @@ async fn run(callers: usize, pause: (u64, u64)) -> Figures {
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let guard = control.sessions();
-        let factor = |s: &String| {
-            let summary = guard.summary(&stormgate::SessionId::new(s.as_str()));
-            summary.map(|s| s.factor)
+        let factor = |s: &Agent| match s {
+            Agent::Session(s) => guard
+                .summary(&stormgate::SessionId::new(s.as_str()))
+                .map(|s| s.factor),
+            Agent::Token(_) => None,
         };
         factors.push(sessions.iter().map(factor).collect());
     }
@@ -309,12 +387,9 @@ async fn beside_a_busier_complex_agent_the_steady_agents_are_still_never_refused
 /// fair part.
 #[tokio::test(start_paused = true)]
 async fn a_burst_that_fills_the_queue_does_not_refuse_a_steady_agent_after_it() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/stormgate.toml");
-    let config = Config::load(std::path::Path::new(path)).unwrap();
-    let (router, control) = app::protected(app::Backend::new(), config).unwrap();
-    let _ = control.spawn();
-    let steady = common::session(&router).await;
-    let bursty = common::session(&router).await;
+    let (router, _control) = server();
+    let steady = Agent::Session(common::session(&router).await);
+    let bursty = Agent::Session(common::session(&router).await);
     let scan = |n: usize| json!({"table": "orders", "filter": format!("region = {n}")});
     assert_eq!(
         call(&router, &bursty, 1, "cache_get", json!({"key": "a"}))
@@ -344,5 +419,43 @@ async fn a_burst_that_fills_the_queue_does_not_refuse_a_steady_agent_after_it() 
     assert!(
         burst_outcomes.get("queue_full").is_some_and(|&n| n > 0),
         "the burst gave a place up: {burst_outcomes:?}"
+    );
+}
+
+/// A swarm, then at once the stateless agents of `python_agents.py ... 16 stateless calm` on
+/// the same server: the new clients of the tenant the swarm stormed in are not refused for
+/// it. Over real HTTP the stateless steady agents were refused `session_storm` in 3 of 11 such
+/// sequences (62 ok and 12 refused where 199 is normal): when a sub-agent was still in the
+/// tenant's unverified pool at the swarm's end, the pool's storm (its ignored hints decaying
+/// over about 30 s, then its factor's recovery) refused every new token charged to it, and a
+/// token stays charged to it until a call of its own succeeds. In process the sub-agents left
+/// the pool early in every run, and this scenario passed before trial calls too: it is kept
+/// for the stateless agents' path through the example server, not as that miss's proof (see
+/// tests/sessions_bounded.rs for the trial's).
+#[tokio::test(start_paused = true)]
+async fn after_a_swarm_new_stateless_clients_of_its_tenant_are_never_refused() {
+    let (router, control) = server();
+    let first = agents(&router, &control, Scenario::Swarm, 1, (500, 500)).await;
+    assert_eq!(
+        (not_ok(&first.steady), not_ok(&first.complex)),
+        (vec![], vec![]),
+        "the swarm's run: steady {:?}, complex {:?}",
+        first.steady,
+        first.complex
+    );
+    let Figures {
+        steady,
+        complex,
+        swarm,
+        ..
+    } = agents(&router, &control, Scenario::Stateless, 1, (500, 500)).await;
+    assert_eq!(
+        (not_ok(&steady), not_ok(&complex)),
+        (vec![], vec![]),
+        "steady {steady:?}, complex {complex:?}, runaway {swarm:?}"
+    );
+    assert!(
+        swarm.values().sum::<usize>() > swarm.get("ok").copied().unwrap_or(0) * 4,
+        "the runaway is refused: {swarm:?}"
     );
 }
