@@ -331,7 +331,13 @@ async fn a_switch_of_your_own_flips_the_stages_that_follow_it() {
         switch.clone(),
     )
     .unwrap();
-    let call = Call::request("tools/call").with_tool("search");
+    // A session the server accepted (an unaccepted id's refusals by its tenant's pool would
+    // be trial calls while the tenant has newcomer places).
+    let session = stormgate::SessionId::new("s");
+    assert!(guard.accept(&session, &stormgate::Tenant::anonymous()));
+    let call = Call::request("tools/call")
+        .with_tool("search")
+        .with_session(session);
     let admitted = |n| (0..n).filter(|_| guard.admit(&call).is_ok()).count();
     assert_eq!(admitted(5), 1, "adaptive: a bucket of one");
     switch.set(Policy {

@@ -368,6 +368,41 @@ async fn stateless_agents_with_their_own_tokens_are_their_own_sessions() {
     );
 }
 
+/// A new stateless client is not refused for another client of its tenant that spends their
+/// unverified pool: its first call, which the pool refuses, is its trial; the server's success
+/// accepts its token, and its next calls are its own session's. The other never gets an answer
+/// that accepts it (its tool fails every call), so it stays in the pool. Before trial calls the
+/// new client was refused until the pool refilled.
+#[tokio::test(start_paused = true)]
+async fn a_new_client_is_not_refused_for_another_unaccepted_client_spending_its_pool() {
+    let mut config = Config::default();
+    config.sessions.base_budget = Positive::new(10.0).unwrap();
+    config.sessions.burst = Positive::new(10.0).unwrap();
+    let control = Control::new(config).unwrap();
+    let router = control.wrap(plain_server(None, |message: Value| async move {
+        let failed = message["params"]["arguments"]["q"] == "bad";
+        json!({"content":[{"type":"text","text":"x"}],"isError":failed})
+    }));
+    let send = |token: &'static str, id: usize, query: &'static str| {
+        let router = router.clone();
+        async move {
+            let res = router
+                .oneshot(stateless_call(token, id, query))
+                .await
+                .unwrap();
+            refused(&common::message(res).await.0)
+        }
+    };
+    let storm = join_all((0..30).map(|k| send("failing", k, "bad"))).await;
+    assert!(
+        storm.iter().flatten().count() >= 19,
+        "the pool's 10 and one trial admitted: {storm:?}"
+    );
+    for n in 0..6 {
+        assert_eq!(send("newcomer", 100 + n, "good").await, None, "call {n}");
+    }
+}
+
 /// One client on `session` for `secs` of the paused clock: a call of a fresh `cache_get` key
 /// every 20 ms; after a refusal it waits the refusal's `retry_after_ms` if it `honours` it,
 /// else calls again 20 ms later all the same. Its refusals' reasons.

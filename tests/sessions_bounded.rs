@@ -1,12 +1,14 @@
 //! Bounded session state: a million idle sessions are all swept after the TTL, the cap holds
 //! at insert time, a busy session survives a flood of accepted sessions, and ids the server
-//! never accepted are not stored at all.
+//! never accepted are not stored at all; a new id's trial call when its tenant's unverified
+//! pool refuses it, no more of them than the tenant has newcomer places.
 
 use std::time::Duration;
 use stormgate::valid::{AtLeastOne, NonZeroDuration, Positive};
 
 use stormgate::admit::Admission;
 use stormgate::entropy::{SessionConfig, SessionGuard};
+use stormgate::outcome::{Observation, Observer, Outcome};
 use stormgate::{Call, SessionId, Tenant};
 
 /// Accepts `session` as the server would (it answered a call on it).
@@ -118,4 +120,109 @@ async fn a_tenant_starts_new_sessions_at_its_newcomer_rate() {
         g.accept(&other, &Tenant::new("other-tenant")),
         "another tenant's allowance is its own"
     );
+}
+
+/// The server answered `call` with success.
+fn answered(g: &SessionGuard, call: &Call) {
+    g.observe(&Observation {
+        call,
+        outcome: Outcome::Ok,
+        service_time: Duration::from_millis(10),
+        response_bytes: 100,
+        queue_wait: Duration::ZERO,
+    });
+}
+
+/// A guard whose pools hold 10 calls (refilled at 2 a second on probation), with `places`
+/// newcomer places per tenant, one more every 10 s.
+fn small_pools(places: f64) -> SessionGuard {
+    SessionGuard::new({
+        let mut built = SessionConfig::default();
+        built.base_budget = Positive::new(10.0).unwrap();
+        built.burst = Positive::new(10.0).unwrap();
+        built.new_session_burst = AtLeastOne::new(places).unwrap();
+        built.new_session_rate = Positive::new(0.1).unwrap();
+        built
+    })
+    .unwrap()
+}
+
+/// A new client whose tenant's unverified pool is spent (another unaccepted client calling
+/// through its refusals) is not refused its first call while the tenant has a newcomer place:
+/// the call is the id's trial, the server's success on it accepts the id, and its next calls
+/// are its own session's. Before trials it was refused, and a client waiting its hints could
+/// stay refused for as long as the other kept the pool spent.
+#[tokio::test(start_paused = true)]
+async fn a_new_clients_first_call_is_a_trial_when_its_tenants_pool_refuses() {
+    let g = small_pools(3.0);
+    let mut held = Vec::new();
+    // "busy", never accepted, spends the pool and takes one trial (a place) of its own.
+    let refused = (0..100)
+        .filter(|_| match g.admit(&call("busy")) {
+            Ok(permit) => {
+                held.push(permit);
+                false
+            }
+            Err(_) => true,
+        })
+        .count();
+    assert_eq!(refused, 100 - 10 - 1, "the pool's 10 and busy's one trial");
+    let first = call("newcomer");
+    let permit = g.admit(&first).expect("the newcomer's trial");
+    answered(&g, &first);
+    drop(permit);
+    assert!(
+        g.is_tracked(&SessionId::new("newcomer")),
+        "accepted on success"
+    );
+    let second = call("newcomer");
+    g.admit(&second)
+        .expect("its next call is its own session's, not the spent pool's");
+    assert!(
+        !g.is_tracked(&SessionId::new("busy")),
+        "busy's trial is still out"
+    );
+}
+
+/// Ids made up per call get no more trial calls than their tenant has newcomer places, one
+/// more per `1 / new_session_rate`; an id gets one trial; a trial whose call is refused by a
+/// later stage or never ran (refunded) gives its place back and does not count, and one that
+/// ended without success spends it.
+#[tokio::test(start_paused = true)]
+async fn trials_are_bounded_by_the_tenants_newcomer_places() {
+    let g = small_pools(3.0);
+    let mut held = Vec::new();
+    let admitted = |ids: std::ops::Range<usize>, held: &mut Vec<_>| {
+        ids.filter_map(|i| g.admit(&call(&format!("made-up-{i}"))).ok())
+            .map(|p| held.push(p))
+            .count()
+    };
+    assert_eq!(
+        admitted(0..1000, &mut held),
+        10 + 3,
+        "the pool's 10, 3 trials"
+    );
+    tokio::time::advance(Duration::from_secs(11)).await;
+    assert_eq!(
+        admitted(1000..2000, &mut held),
+        10 + 1,
+        "the pool refilled, one place in 11 s"
+    );
+    // One trial per id at a time (one place in 10 s more).
+    tokio::time::advance(Duration::from_secs(10)).await;
+    admitted(2000..2010, &mut held);
+    let twice = call("twice");
+    let trial = g.admit(&twice).expect("a trial");
+    assert!(g.admit(&call("twice")).is_err(), "its trial is out");
+    // Refunded: the place is back, for another id.
+    g.refund(trial);
+    let again = g.admit(&call("other")).expect("the refunded place");
+    // Ended without success: spent, and the id has had its trial.
+    drop(again);
+    assert!(g.admit(&call("third")).is_err(), "no place left");
+    tokio::time::advance(Duration::from_secs(10)).await;
+    admitted(3000..3010, &mut held);
+    assert!(g.admit(&call("other")).is_err(), "its one trial is over");
+    assert!(g.admit(&call("third")).is_ok(), "a place for another id");
+    assert_eq!(g.len(), 0, "nothing accepted: no call succeeded");
 }

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::session::{Session, secs_ns, weight_of};
+use super::session::{Pool, Session, secs_ns, weight_of};
 use super::{SessionGuard, lock};
 use crate::admit::Admission;
 use crate::call::Call;
@@ -16,15 +16,32 @@ use crate::policy::Mode;
 use crate::rejection::{Reason, Rejection, Scope};
 
 /// What an admitted call took from its session, to give back if a later stage refuses it.
-/// The call counts as in flight for its session until the permit is dropped.
+/// The call counts as in flight for its session until the permit is dropped. A trial call
+/// (see [`SessionGuard::accept`]) holds its tenant's newcomer place until then: the server's
+/// success on it accepts the id with that place, a refund gives it back, and a call that ended
+/// otherwise spends it.
 #[derive(Debug)]
-pub struct SessionPermit(Option<(Arc<Mutex<Session>>, f64)>);
+pub struct SessionPermit {
+    charged: Option<(Arc<Mutex<Session>>, f64)>,
+    trial: Option<(Arc<Pool>, u64)>,
+}
+
+impl SessionPermit {
+    /// Nothing taken.
+    const NONE: SessionPermit = SessionPermit {
+        charged: None,
+        trial: None,
+    };
+}
 
 impl Drop for SessionPermit {
     fn drop(&mut self) {
-        if let Some((entry, _)) = &self.0 {
+        if let Some((entry, _)) = &self.charged {
             let mut s = lock(entry);
             s.in_flight = s.in_flight.saturating_sub(1);
+        }
+        if let Some((pool, key)) = &self.trial {
+            pool.end_trial(*key);
         }
     }
 }
@@ -36,12 +53,12 @@ impl Admission for SessionGuard {
         let config = self.config_of(call);
         if !config.enabled || call.target().is_none() {
             // Off, or protocol chatter (initialize, tools/list, ping): not the work guarded.
-            return Ok(SessionPermit(None));
+            return Ok(SessionPermit::NONE);
         }
         let now = self.now();
         let key = self.resource_key(call);
         let cost = f64::from(call.cost().max(1));
-        let entry = self.state(call);
+        let (entry, pool) = self.state(call);
         let mut s = lock(&entry);
         let dt = Duration::from_nanos(now.saturating_sub(s.last)).as_secs_f64();
         let first = s.calls == 0;
@@ -82,10 +99,10 @@ impl Admission for SessionGuard {
         s.note_storm();
         let (rate, reason) = match policy.mode {
             // Measured above; nothing refused.
-            Mode::Off => return Ok(SessionPermit(None)),
+            Mode::Off => return Ok(SessionPermit::NONE),
             Mode::Fixed => match policy.fixed.session_rate {
                 Some(rate) => (rate.get(), Reason::FixedLimitExceeded),
-                None => return Ok(SessionPermit(None)),
+                None => return Ok(SessionPermit::NONE),
             },
             Mode::Adaptive => (
                 config.base_budget.get() * s.factor,
@@ -109,7 +126,22 @@ impl Admission for SessionGuard {
             s.consumed += cost / tau;
             s.start();
             drop(s);
-            Ok(SessionPermit(Some((entry, cost))))
+            Ok(SessionPermit {
+                charged: Some((entry, cost)),
+                trial: None,
+            })
+        } else if let Some(pool) = pool
+            && pool.try_trial(call.session.key(), now, &config)
+        {
+            // A call on an id the server has not accepted, which its tenant's pool refuses: the
+            // id's trial, on a newcomer place, so a new client is not refused for what the
+            // pool's other clients did. Nothing of the pool's bucket is taken.
+            s.start();
+            drop(s);
+            Ok(SessionPermit {
+                charged: Some((entry, 0.0)),
+                trial: Some((pool, call.session.key())),
+            })
         } else {
             s.rejected += 1;
             // Its own slot in the refill: after the deficit, and after the last refusal's slot
@@ -138,11 +170,14 @@ impl Admission for SessionGuard {
         }
     }
 
-    fn refund(&self, permit: SessionPermit) {
-        if let Some((entry, cost)) = &permit.0 {
+    fn refund(&self, mut permit: SessionPermit) {
+        if let Some((entry, cost)) = &permit.charged {
             let mut s = lock(entry);
             s.tokens += cost;
             s.consumed -= cost / self.inner.config.load().window_size.get().as_secs_f64();
+        }
+        if let Some((pool, key)) = permit.trial.take() {
+            pool.refund_trial(key, &self.inner.config.load());
         }
     }
 }

@@ -158,7 +158,7 @@ impl Observer for SessionGuard {
         let window = config.window_size.get().as_secs_f64();
         let before = matches!(r.scope(), Scope::Global | Scope::Tenant);
         let key = if before { self.resource_key(call) } else { 0 };
-        let entry = self.state(call);
+        let (entry, _) = self.state(call);
         let mut s = lock(&entry);
         if before {
             s.arrive(now, window, key, weight_of(call, &config));

@@ -254,20 +254,23 @@ impl SessionGuard {
     }
 
     /// The state a call is charged to and judged by: its session's, once the MCP server has
-    /// accepted the session, else its tenant's unverified pool.
-    fn state(&self, call: &Call) -> Arc<Mutex<Session>> {
+    /// accepted the session, else its tenant's unverified pool's (with the pool).
+    fn state(&self, call: &Call) -> (Arc<Mutex<Session>>, Option<Arc<Pool>>) {
         match self.tracked(call) {
-            Ok((_, s)) => s,
-            Err(_) => self.pool(&call.tenant).state.clone(),
+            Ok((_, s)) => (s, None),
+            Err(_) => {
+                let pool = self.pool(&call.tenant);
+                (pool.state.clone(), Some(pool))
+            }
         }
     }
 
     /// Tells the guard that the MCP server accepted `session` of `tenant` (it minted the id on
     /// `initialize`, or answered a call on it with success); the guard's observer calls it.
-    /// The session gets its own state, on probation, if its tenant has a newcomer place and
-    /// fewer than `max_sessions` are tracked; otherwise its calls stay in the tenant's
-    /// unverified pool (and it may be accepted on a later success). Returns whether it is
-    /// tracked now.
+    /// The session gets its own state, on probation, if its tenant has a newcomer place (the
+    /// one its trial call holds, if that was the call) and fewer than `max_sessions` are
+    /// tracked; otherwise its calls stay in the tenant's unverified pool (and it may be
+    /// accepted on a later success). Returns whether it is tracked now.
     pub fn accept(&self, session: &SessionId, tenant: &Tenant) -> bool {
         let sessions = &self.inner.sessions;
         let key = session.key();
@@ -277,7 +280,8 @@ impl SessionGuard {
         let config = self.inner.config.load();
         let now = self.now();
         let pool = self.pool(tenant);
-        if !pool.admit_newcomer(now, &config) {
+        // Its trial call's place, or a place of its own.
+        if !pool.end_trial(key) && !pool.admit_newcomer(now, &config) {
             return false;
         }
         let made = sessions.get_or_insert(key, config.max_sessions.get(), || {

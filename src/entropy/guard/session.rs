@@ -81,13 +81,29 @@ pub(super) struct Session {
 
 /// A tenant's unverified pool: the one session state charged for every call of the tenant on
 /// an id the MCP server has not accepted (so ids made up per call are one session here), and
-/// the tenant's newcomer allowance.
+/// the tenant's newcomer places: what accepting an id, or its trial call, takes.
 #[derive(Debug)]
 pub(super) struct Pool {
     pub(super) state: Arc<Mutex<Session>>,
-    /// New sessions the tenant may start now, and when it was last refilled.
-    newcomers: Mutex<(f64, u64)>,
+    newcomers: Mutex<Newcomers>,
 }
+
+/// A tenant's newcomer places, and the ids that had a trial call.
+#[derive(Debug)]
+struct Newcomers {
+    /// Places free now, and when they were last refilled, ns.
+    places: f64,
+    refilled: u64,
+    /// The last [`TRIALS_KEPT`] ids (keys) that had a trial call, oldest first, and whether
+    /// it is still in flight (holding its place until it ends). An id gets one trial: one
+    /// that ended without success (its calls fail, or time out) does not take place after
+    /// place from the tenant's new clients.
+    trials: Vec<(u64, bool)>,
+}
+
+/// The ids with a trial call a tenant's pool remembers (the oldest ended one is forgotten for
+/// a new one; none is taken while all are in flight).
+pub(super) const TRIALS_KEPT: usize = 16;
 
 impl Pool {
     pub(super) fn new(tenant: &Tenant, config: &SessionConfig, now: u64) -> Self {
@@ -97,34 +113,91 @@ impl Pool {
         state.trust = config.probation.get();
         Pool {
             state: Arc::new(Mutex::new(state)),
-            newcomers: Mutex::new((config.new_session_burst.get(), now)),
+            newcomers: Mutex::new(Newcomers {
+                places: config.new_session_burst.get(),
+                refilled: now,
+                trials: Vec::new(),
+            }),
         }
+    }
+
+    fn newcomers(&self) -> std::sync::MutexGuard<'_, Newcomers> {
+        self.newcomers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Takes a newcomer place, if the tenant has one.
     pub(super) fn admit_newcomer(&self, now: u64, config: &SessionConfig) -> bool {
-        let mut a = self
-            .newcomers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let dt = Duration::from_nanos(now.saturating_sub(a.1)).as_secs_f64();
-        a.1 = now;
-        a.0 = (a.0 + config.new_session_rate.get() * dt).min(config.new_session_burst.get());
-        if a.0 >= 1.0 {
-            a.0 -= 1.0;
-            true
-        } else {
-            false
-        }
+        self.newcomers().take(now, config)
     }
 
     /// Gives a newcomer place back.
     pub(super) fn release_newcomer(&self, config: &SessionConfig) {
-        let mut a = self
-            .newcomers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        a.0 = (a.0 + 1.0).min(config.new_session_burst.get());
+        self.newcomers().release(config);
+    }
+
+    /// A trial call for the id `key`, which this pool refuses: it takes a newcomer place, if
+    /// the tenant has one and the id has had no trial it remembers.
+    pub(super) fn try_trial(&self, key: u64, now: u64, config: &SessionConfig) -> bool {
+        let mut n = self.newcomers();
+        if n.trials.iter().any(|&(k, _)| k == key) {
+            return false;
+        }
+        let full = n.trials.len() >= TRIALS_KEPT;
+        let ended = n.trials.iter().position(|&(_, in_flight)| !in_flight);
+        if (full && ended.is_none()) || !n.take(now, config) {
+            return false;
+        }
+        if let (true, Some(i)) = (full, ended) {
+            n.trials.remove(i);
+        }
+        n.trials.push((key, true));
+        true
+    }
+
+    /// The trial of the id `key` is over; whether it was in flight (its place is then the
+    /// caller's, to accept the id with).
+    pub(super) fn end_trial(&self, key: u64) -> bool {
+        let mut n = self.newcomers();
+        match n.trials.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, in_flight)) => std::mem::replace(in_flight, false),
+            None => false,
+        }
+    }
+
+    /// The trial of the id `key` never ran: its place is given back, and the id forgotten.
+    pub(super) fn refund_trial(&self, key: u64, config: &SessionConfig) {
+        let mut n = self.newcomers();
+        if let Some(i) = n
+            .trials
+            .iter()
+            .position(|&(k, in_flight)| k == key && in_flight)
+        {
+            n.trials.remove(i);
+            n.release(config);
+        }
+    }
+}
+
+impl Newcomers {
+    /// Gives a place back.
+    fn release(&mut self, config: &SessionConfig) {
+        self.places = (self.places + 1.0).min(config.new_session_burst.get());
+    }
+
+    /// Refills the places to `now` and takes one, if there is one.
+    fn take(&mut self, now: u64, config: &SessionConfig) -> bool {
+        let dt = Duration::from_nanos(now.saturating_sub(self.refilled)).as_secs_f64();
+        self.refilled = now;
+        self.places =
+            (self.places + config.new_session_rate.get() * dt).min(config.new_session_burst.get());
+        if self.places >= 1.0 {
+            self.places -= 1.0;
+            true
+        } else {
+            false
+        }
     }
 }
 
