@@ -133,14 +133,14 @@ fn answered(g: &SessionGuard, call: &Call) {
     });
 }
 
-/// A guard whose pools hold 10 calls (refilled at 2 a second on probation), with `places`
-/// newcomer places per tenant, one more every 10 s.
-fn small_pools(places: f64) -> SessionGuard {
+/// A guard whose pools hold 10 calls (refilled at 2 a second on probation), with 3 newcomer
+/// places per tenant, one more every 10 s.
+fn small_pools() -> SessionGuard {
     SessionGuard::new({
         let mut built = SessionConfig::default();
         built.base_budget = Positive::new(10.0).unwrap();
         built.burst = Positive::new(10.0).unwrap();
-        built.new_session_burst = AtLeastOne::new(places).unwrap();
+        built.new_session_burst = AtLeastOne::new(3.0).unwrap();
         built.new_session_rate = Positive::new(0.1).unwrap();
         built
     })
@@ -154,7 +154,7 @@ fn small_pools(places: f64) -> SessionGuard {
 /// stay refused for as long as the other kept the pool spent.
 #[tokio::test(start_paused = true)]
 async fn a_new_clients_first_call_is_a_trial_when_its_tenants_pool_refuses() {
-    let g = small_pools(3.0);
+    let g = small_pools();
     let mut held = Vec::new();
     // "busy", never accepted, spends the pool and takes one trial (a place) of its own.
     let refused = (0..100)
@@ -190,7 +190,7 @@ async fn a_new_clients_first_call_is_a_trial_when_its_tenants_pool_refuses() {
 /// ended without success spends it.
 #[tokio::test(start_paused = true)]
 async fn trials_are_bounded_by_the_tenants_newcomer_places() {
-    let g = small_pools(3.0);
+    let g = small_pools();
     let mut held = Vec::new();
     let admitted = |ids: std::ops::Range<usize>, held: &mut Vec<_>| {
         ids.filter_map(|i| g.admit(&call(&format!("made-up-{i}"))).ok())
@@ -208,7 +208,7 @@ async fn trials_are_bounded_by_the_tenants_newcomer_places() {
         10 + 1,
         "the pool refilled, one place in 11 s"
     );
-    // One trial per id at a time (one place in 10 s more).
+    // One trial per id (one place in 10 s more).
     tokio::time::advance(Duration::from_secs(10)).await;
     admitted(2000..2010, &mut held);
     let twice = call("twice");
