@@ -325,6 +325,21 @@ fn stateless_call(token: &str, id: usize, query: &str) -> http::Request<Body> {
         .unwrap()
 }
 
+/// The refusal of a session-less call presenting `token`, if it was refused.
+async fn stateless_refusal(
+    router: &Router,
+    token: &str,
+    id: usize,
+    query: &str,
+) -> Option<(String, u64)> {
+    let res = router
+        .clone()
+        .oneshot(stateless_call(token, id, query))
+        .await
+        .unwrap();
+    refused(&common::message(res).await.0)
+}
+
 /// Two stateless agents, each with its own bearer token: one storms (and is refused), the
 /// other is never refused for it. Without the credential in the identity ladder both would be
 /// one session, and the second would be refused 20 times of 20.
@@ -337,13 +352,7 @@ async fn stateless_agents_with_their_own_tokens_are_their_own_sessions() {
     let router = control.wrap(stateless_server());
     let send = |token: &'static str, id: usize| {
         let router = router.clone();
-        async move {
-            let res = router
-                .oneshot(stateless_call(token, id, &format!("q{id}")))
-                .await
-                .unwrap();
-            refused(&common::message(res).await.0)
-        }
+        async move { stateless_refusal(&router, token, id, &format!("q{id}")).await }
     };
     // Each agent's first call is answered: the server accepted its credential.
     assert_eq!(send("agent-a", 0).await, None);
@@ -383,23 +392,14 @@ async fn a_new_client_is_not_refused_for_another_unaccepted_client_spending_its_
         let failed = message["params"]["arguments"]["q"] == "bad";
         json!({"content":[{"type":"text","text":"x"}],"isError":failed})
     }));
-    let send = |token: &'static str, id: usize, query: &'static str| {
-        let router = router.clone();
-        async move {
-            let res = router
-                .oneshot(stateless_call(token, id, query))
-                .await
-                .unwrap();
-            refused(&common::message(res).await.0)
-        }
-    };
-    let storm = join_all((0..30).map(|k| send("failing", k, "bad"))).await;
+    let storm = join_all((0..30).map(|k| stateless_refusal(&router, "failing", k, "bad"))).await;
     assert!(
         storm.iter().flatten().count() >= 19,
-        "the pool's 10 and one trial admitted: {storm:?}"
+        "the pool refuses most of the failing client's calls: {storm:?}"
     );
     for n in 0..6 {
-        assert_eq!(send("newcomer", 100 + n, "good").await, None, "call {n}");
+        let refusal = stateless_refusal(&router, "newcomer", 100 + n, "good").await;
+        assert_eq!(refusal, None, "call {n}");
     }
 }
 

@@ -103,7 +103,7 @@ struct Newcomers {
 
 /// The ids with a trial call a tenant's pool remembers (the oldest ended one is forgotten for
 /// a new one; none is taken while all are in flight).
-pub(super) const TRIALS_KEPT: usize = 16;
+const TRIALS_KEPT: usize = 16;
 
 impl Pool {
     pub(super) fn new(tenant: &Tenant, config: &SessionConfig, now: u64) -> Self {
