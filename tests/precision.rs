@@ -325,6 +325,14 @@ fn stateless_call(token: &str, id: usize, query: &str) -> http::Request<Body> {
         .unwrap()
 }
 
+/// The default settings with a session budget and bucket of 10 units.
+fn sessions_of_ten() -> Config {
+    let mut config = Config::default();
+    config.sessions.base_budget = Positive::new(10.0).unwrap();
+    config.sessions.burst = Positive::new(10.0).unwrap();
+    config
+}
+
 /// The refusal of a session-less call presenting `token`, if it was refused.
 async fn stateless_refusal(
     router: &Router,
@@ -345,10 +353,7 @@ async fn stateless_refusal(
 /// one session, and the second would be refused 20 times of 20.
 #[tokio::test(start_paused = true)]
 async fn stateless_agents_with_their_own_tokens_are_their_own_sessions() {
-    let mut config = Config::default();
-    config.sessions.base_budget = Positive::new(10.0).unwrap();
-    config.sessions.burst = Positive::new(10.0).unwrap();
-    let control = Control::new(config).unwrap();
+    let control = Control::new(sessions_of_ten()).unwrap();
     let router = control.wrap(stateless_server());
     let send = |token: &'static str, id: usize| {
         let router = router.clone();
@@ -384,10 +389,7 @@ async fn stateless_agents_with_their_own_tokens_are_their_own_sessions() {
 /// new client was refused until the pool refilled.
 #[tokio::test(start_paused = true)]
 async fn a_new_client_is_not_refused_for_another_unaccepted_client_spending_its_pool() {
-    let mut config = Config::default();
-    config.sessions.base_budget = Positive::new(10.0).unwrap();
-    config.sessions.burst = Positive::new(10.0).unwrap();
-    let control = Control::new(config).unwrap();
+    let control = Control::new(sessions_of_ten()).unwrap();
     let router = control.wrap(plain_server(None, |message: Value| async move {
         let failed = message["params"]["arguments"]["q"] == "bad";
         json!({"content":[{"type":"text","text":"x"}],"isError":failed})
