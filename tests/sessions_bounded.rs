@@ -1,7 +1,8 @@
 //! Bounded session state: a million idle sessions are all swept after the TTL, the cap holds
 //! at insert time, a busy session survives a flood of accepted sessions, and ids the server
-//! never accepted are not stored at all; a new id's trial call when its tenant's unverified
-//! pool refuses it, no more of them than the tenant has newcomer places.
+//! never accepted are not stored at all; the newcomer places go to ids that come back as told
+//! (a trial call when their tenant's unverified pool refuses them), none to ids made up per
+//! call.
 
 use std::time::Duration;
 use stormgate::valid::{AtLeastOne, NonZeroDuration, Positive};
@@ -147,16 +148,34 @@ fn small_pools() -> SessionGuard {
     .unwrap()
 }
 
+/// Spends the tenant's pool with calls on ids made up per call; returns how many it admitted.
+fn spend(g: &SessionGuard, from: usize) -> usize {
+    (from..)
+        .map_while(|i| g.admit(&call(&format!("made-up-{i}"))).ok())
+        .count()
+}
+
+/// The refusal of a call on `session`: its wait, ms.
+#[track_caller]
+fn refused_for(g: &SessionGuard, session: &str) -> u128 {
+    g.admit(&call(session))
+        .map(drop)
+        .expect_err("refused")
+        .retry_after()
+        .as_millis()
+}
+
 /// A new client whose tenant's unverified pool is spent (another unaccepted client calling
-/// through its refusals) is not refused its first call while the tenant has a newcomer place:
-/// the call is the id's trial, the server's success on it accepts the id, and its next calls
-/// are its own session's. Before trials it was refused, and a client waiting its hints could
-/// stay refused for as long as the other kept the pool spent.
+/// through its refusals) is refused its first call for the shortest wait a trial is offered
+/// after (100 ms), and coming back then, has its trial: the server's success on it accepts the
+/// id, and its next calls are its own session's. Before, its first call was its trial; a
+/// client refused there was told the pool's wait (35 s in a storm).
 #[tokio::test(start_paused = true)]
-async fn a_new_clients_first_call_is_a_trial_when_its_tenants_pool_refuses() {
+async fn a_new_client_that_comes_back_as_told_has_its_trial_when_its_tenants_pool_refuses() {
     let g = small_pools();
     let mut held = Vec::new();
-    // "busy", never accepted, spends the pool and takes one trial (a place) of its own.
+    // "busy", never accepted, spends the pool and takes one trial (a place) of its own: it
+    // was told nothing before its first refused call.
     let refused = (0..100)
         .filter(|_| match g.admit(&call("busy")) {
             Ok(permit) => {
@@ -167,8 +186,12 @@ async fn a_new_clients_first_call_is_a_trial_when_its_tenants_pool_refuses() {
         })
         .count();
     assert_eq!(refused, 100 - 10 - 1, "the pool's 10 and busy's one trial");
+    assert_eq!(refused_for(&g, "newcomer"), 100, "a new id: told 100 ms");
+    tokio::time::advance(Duration::from_millis(99)).await;
+    assert_eq!(refused_for(&g, "newcomer"), 100, "back early: no trial");
+    tokio::time::advance(Duration::from_millis(100)).await;
     let first = call("newcomer");
-    let permit = g.admit(&first).expect("the newcomer's trial");
+    let permit = g.admit(&first).expect("back as told: its trial");
     answered(&g, &first);
     drop(permit);
     assert!(
@@ -184,45 +207,61 @@ async fn a_new_clients_first_call_is_a_trial_when_its_tenants_pool_refuses() {
     );
 }
 
-/// Ids made up per call get no more trial calls than their tenant has newcomer places, one
-/// more per `1 / new_session_rate`; an id gets one trial; a trial whose call is refused by a
-/// later stage or never ran (refunded) gives its place back and does not count, and one that
-/// ended without success spends it.
+/// A tenant's newcomer places go only to ids that come back as told: ids made up per call,
+/// admitted by the pool or refused, answered with success or not, take none (before, 3 of them
+/// took the places at once, and one more each 10 s); ids that come back after their waits
+/// have their trials, no more than the places, one more per `1 / new_session_rate` (an id
+/// past them is told when the next is there); an id gets one trial; a trial whose call is refused by a later stage or never ran (refunded)
+/// gives its place back, and one that ended without success spends it.
 #[tokio::test(start_paused = true)]
-async fn trials_are_bounded_by_the_tenants_newcomer_places() {
+async fn newcomer_places_go_only_to_ids_that_come_back_as_told() {
     let g = small_pools();
+    let admitted = (0..1000)
+        .filter_map(|i| {
+            let made_up = call(&format!("made-up-{i}"));
+            let permit = g.admit(&made_up).ok()?;
+            answered(&g, &made_up);
+            Some(permit)
+        })
+        .count();
+    assert_eq!(admitted, 10, "the pool's 10, no trial");
+    assert_eq!(g.len(), 0, "no made-up id accepted on its success");
+    let told: Vec<u128> = (0..5)
+        .map(|i| refused_for(&g, &format!("back-{i}")))
+        .collect();
+    assert_eq!(told, [100; 5], "each told to come back in 100 ms");
+    tokio::time::advance(Duration::from_millis(100)).await;
+    spend(&g, 1000);
     let mut held = Vec::new();
-    let admitted = |ids: std::ops::Range<usize>, held: &mut Vec<_>| {
-        ids.filter_map(|i| g.admit(&call(&format!("made-up-{i}"))).ok())
-            .map(|p| held.push(p))
-            .count()
-    };
-    assert_eq!(
-        admitted(0..1000, &mut held),
-        10 + 3,
-        "the pool's 10, 3 trials"
+    for i in 0..3 {
+        held.push(
+            g.admit(&call(&format!("back-{i}")))
+                .expect("back as told: a trial"),
+        );
+    }
+    let next = refused_for(&g, "back-3");
+    assert!(
+        (9_999..=10_000).contains(&next),
+        "no place left: told when the next is there ({next} ms)"
     );
-    tokio::time::advance(Duration::from_secs(11)).await;
-    assert_eq!(
-        admitted(1000..2000, &mut held),
-        10 + 1,
-        "the pool refilled, one place in 11 s"
-    );
-    // One trial per id (one place in 10 s more).
+    tokio::time::advance(Duration::from_millis(next as u64 - 1)).await;
+    spend(&g, 2000);
+    assert!(g.admit(&call("back-3")).is_err(), "back early: no trial");
     tokio::time::advance(Duration::from_secs(10)).await;
-    admitted(2000..2010, &mut held);
-    let twice = call("twice");
-    let trial = g.admit(&twice).expect("a trial");
-    assert!(g.admit(&call("twice")).is_err(), "its trial is out");
+    spend(&g, 3000);
+    let trial = g.admit(&call("back-3")).expect("the refilled place");
+    assert!(g.admit(&call("back-3")).is_err(), "its trial is out");
     // Refunded: the place is back, for another id.
     g.refund(trial);
-    let again = g.admit(&call("other")).expect("the refunded place");
+    let again = g.admit(&call("back-4")).expect("the refunded place");
     // Ended without success: spent, and the id has had its trial.
     drop(again);
-    assert!(g.admit(&call("third")).is_err(), "no place left");
     tokio::time::advance(Duration::from_secs(10)).await;
-    admitted(3000..3010, &mut held);
-    assert!(g.admit(&call("other")).is_err(), "its one trial is over");
-    assert!(g.admit(&call("third")).is_ok(), "a place for another id");
-    assert_eq!(g.len(), 0, "nothing accepted: no call succeeded");
+    spend(&g, 4000);
+    assert!(g.admit(&call("back-4")).is_err(), "its one trial is over");
+    assert!(
+        g.admit(&call("back-3")).is_ok(),
+        "its refunded trial, on the next place"
+    );
+    assert_eq!(g.len(), 0, "nothing accepted: no trial succeeded");
 }

@@ -196,12 +196,15 @@ async fn complex_caller(
     }
 }
 
+/// One of the runaway's searches: a new query each call, on `session` or (`fresh`) on a new
+/// token each call.
 async fn sub_agent_caller(
     router: Router,
     session: Agent,
     w: usize,
     end: Instant,
     outcomes: Outcomes,
+    fresh: bool,
 ) {
     let mut rng = Rng(100 + w as u64);
     let mut n = 0;
@@ -209,7 +212,11 @@ async fn sub_agent_caller(
         n += 1;
         let query = format!("body ilike '%{}%' /* {w} {n} */", rng.next() % 100_000);
         let args = json!({"table": "documents", "filter": query});
-        let (outcome, _) = call(&router, &session, n, "sql_scan", args).await;
+        let session = match fresh {
+            true => &Agent::Token(format!("token-of-runaway-{w}-{n}")),
+            false => &session,
+        };
+        let (outcome, _) = call(&router, session, n, "sql_scan", args).await;
         count(&outcomes, &outcome);
         match outcome.as_str() {
             "ok" => tokio::time::sleep(rng.ms(200, 600)).await,
@@ -238,10 +245,13 @@ fn server() -> (Router, Control) {
     (router, control)
 }
 
+/// When the runaway starts, as the issue's runs start it.
+const SWARM_AT: Duration = Duration::from_secs(10);
+
 /// Runs the agents for 60 s, the complex agent with `callers` callers each pausing `pause`.
 async fn run(callers: usize, pause: (u64, u64)) -> Figures {
     let (router, control) = server();
-    agents(&router, &control, Scenario::Swarm, callers, pause).await
+    agents(&router, &control, Scenario::Swarm, callers, pause, SWARM_AT).await
 }
 
 /// How the agents speak and how the runaway's searches are spread.
@@ -251,18 +261,21 @@ enum Scenario {
     Swarm,
     /// MCP 2026-07-28, a bearer token per agent; the runaway one token (its 16 searches).
     Stateless,
+    /// As `Stateless`, but the runaway presents a new token on every call.
+    FreshToken,
 }
 
-/// 60 s of the agents on `router`, as `python_agents.py ... 16 <scenario>` runs them (agents
-/// named as the script names them, so tokens are the script's).
+/// 60 s of the agents on `router`, as `python_agents.py ... 60 <runaway_at> 16 <scenario>`
+/// runs them (agents named as the script names them, so tokens are the script's).
 async fn agents(
     router: &Router,
     control: &Control,
     scenario: Scenario,
     callers: usize,
     pause: (u64, u64),
+    runaway_at: Duration,
 ) -> Figures {
-    let stateless = scenario == Scenario::Stateless;
+    let stateless = scenario != Scenario::Swarm;
     let end = Instant::now() + Duration::from_secs(60);
     let (steadies, complex_, swarm) = (
         Outcomes::default(),
@@ -289,7 +302,7 @@ async fn agents(
         callers,
         pause,
     )));
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(runaway_at).await;
     let mut sessions = Vec::new();
     for i in 0..if stateless { 1 } else { 8 } {
         sessions.push(Agent::open(router, stateless, &format!("runaway-{i}")).await);
@@ -302,6 +315,7 @@ async fn agents(
             w,
             end,
             swarm.clone(),
+            scenario == Scenario::FreshToken,
         )));
     }
     let mut factors = Vec::new();
@@ -326,6 +340,14 @@ async fn agents(
         swarm: figures(&swarm),
         factors,
     }
+}
+
+/// The calls refused (outcomes other than "ok", "error" and "timeout").
+fn refused(o: &BTreeMap<String, usize>) -> usize {
+    o.iter()
+        .filter(|(k, _)| !["ok", "error", "timeout"].contains(&k.as_str()))
+        .map(|(_, n)| n)
+        .sum()
 }
 
 /// The outcomes other than "ok".
@@ -423,19 +445,17 @@ async fn a_burst_that_fills_the_queue_does_not_refuse_a_steady_agent_after_it() 
 }
 
 /// A swarm, then at once the stateless agents of `python_agents.py ... 16 stateless calm` on
-/// the same server: the new clients of the tenant the swarm stormed in are not refused for
-/// it. Over real HTTP the stateless steady agents were refused `session_storm` in 3 of 11 such
-/// sequences (62 ok and 12 refused where 199 is normal): when a sub-agent was still in the
-/// tenant's unverified pool at the swarm's end, the pool's storm (its ignored hints decaying
-/// over about 30 s, then its factor's recovery) refused every new token charged to it, and a
-/// token stays charged to it until a call of its own succeeds. In process the sub-agents left
-/// the pool early in every run, and this scenario passed before trial calls too: it is kept
-/// for the stateless agents' path through the example server, not as that miss's proof (see
-/// tests/sessions_bounded.rs for the trial's).
+/// the same server: the new clients of the tenant the swarm stormed in are refused at most
+/// twice each for it, briefly (their first call, which nothing tells from an id made up per
+/// call, and once more if they come back before a newcomer place is free). The sub-agents
+/// never came back as told, so they never left the tenant's unverified pool, and it still
+/// storms when the new clients arrive. Over real HTTP the stateless steady agents were
+/// refused `session_storm` in 3 of 11 such sequences before trial calls (62 ok and 12 refused
+/// where 199 is normal).
 #[tokio::test(start_paused = true)]
-async fn after_a_swarm_new_stateless_clients_of_its_tenant_are_never_refused() {
+async fn after_a_swarm_new_stateless_clients_of_its_tenant_are_refused_at_most_twice() {
     let (router, control) = server();
-    let first = agents(&router, &control, Scenario::Swarm, 1, (500, 500)).await;
+    let first = agents(&router, &control, Scenario::Swarm, 1, (500, 500), SWARM_AT).await;
     assert_eq!(
         (not_ok(&first.steady), not_ok(&first.complex)),
         (vec![], vec![]),
@@ -448,14 +468,86 @@ async fn after_a_swarm_new_stateless_clients_of_its_tenant_are_never_refused() {
         complex,
         swarm,
         ..
-    } = agents(&router, &control, Scenario::Stateless, 1, (500, 500)).await;
-    assert_eq!(
-        (not_ok(&steady), not_ok(&complex)),
-        (vec![], vec![]),
+    } = agents(
+        &router,
+        &control,
+        Scenario::Stateless,
+        1,
+        (500, 500),
+        SWARM_AT,
+    )
+    .await;
+    assert!(
+        refused(&steady) <= 2 * 4 && refused(&complex) <= 2,
         "steady {steady:?}, complex {complex:?}, runaway {swarm:?}"
     );
     assert!(
         swarm.values().sum::<usize>() > swarm.get("ok").copied().unwrap_or(0) * 4,
         "the runaway is refused: {swarm:?}"
+    );
+}
+
+/// The runaway starts with the other agents, all new clients of one tenant (the example's
+/// `anonymous`): the runaway's 8 sessions wait for newcomer places beside the steady agents
+/// and the complex one. The innocents are refused at most twice each (their first call, and
+/// once more if they come back before a newcomer place is free): the places go to ids that
+/// came back after their hints, never to the sub-agents, which call straight through theirs.
+/// Before, 2 steady calls and 1 complex call were refused; the bound is what this shows, not
+/// fewer refusals (see docs/results.md for the same over real HTTP).
+#[tokio::test(start_paused = true)]
+async fn a_swarm_starting_with_the_other_agents_refuses_them_at_most_twice() {
+    let (router, control) = server();
+    let Figures {
+        steady,
+        complex,
+        swarm,
+        ..
+    } = agents(
+        &router,
+        &control,
+        Scenario::Swarm,
+        1,
+        (500, 500),
+        Duration::ZERO,
+    )
+    .await;
+    assert!(
+        refused(&steady) <= 2 * 4 && refused(&complex) <= 2,
+        "steady {steady:?}, complex {complex:?}, swarm {swarm:?}"
+    );
+}
+
+/// The runaway starts with the other agents and presents a new token on every call
+/// (`python_agents.py ... 60 0 16 fresh-token calm`): ids made up per call, all new clients
+/// of one tenant with the stateless agents. Before, the made-up ids took every newcomer place
+/// (3 at once, then each as it refilled), and the steady agents were refused on every call
+/// (0 ok, 18 refused, told up to 35 s); now the places go to the agents that come back as
+/// told, and they are refused at most twice each (182 ok, 6 refused).
+#[tokio::test(start_paused = true)]
+async fn new_tokens_per_call_starting_with_the_other_agents_refuse_them_at_most_twice() {
+    let (router, control) = server();
+    let Figures {
+        steady,
+        complex,
+        swarm,
+        ..
+    } = agents(
+        &router,
+        &control,
+        Scenario::FreshToken,
+        1,
+        (500, 500),
+        Duration::ZERO,
+    )
+    .await;
+    assert!(
+        refused(&steady) <= 2 * 4 && refused(&complex) <= 2,
+        "steady {steady:?}, complex {complex:?}, runaway {swarm:?}"
+    );
+    // Answered (none was before): the agents that come back before a place is free wait
+    // for one, about 10 s, so they make fewer calls than the run's 4 x 60.
+    assert!(
+        steady.get("ok").copied().unwrap_or(0) >= 4 * 40,
+        "the steady agents' calls are answered: {steady:?}"
     );
 }

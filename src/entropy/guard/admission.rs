@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::returning::SHORTEST_WAIT;
 use super::session::{Pool, Session, secs_ns, weight_of};
 use super::{SessionGuard, lock};
 use crate::admit::Admission;
@@ -59,6 +60,9 @@ impl Admission for SessionGuard {
         let key = self.resource_key(call);
         let cost = f64::from(call.cost().max(1));
         let (entry, pool) = self.state(call);
+        // On an id the server has not accepted: whether the call came back as told.
+        let id = call.session.key();
+        let returning = pool.is_some() && self.inner.returning.arrive(id, now);
         let mut s = lock(&entry);
         let dt = Duration::from_nanos(now.saturating_sub(s.last)).as_secs_f64();
         let first = s.calls == 0;
@@ -130,17 +134,18 @@ impl Admission for SessionGuard {
                 charged: Some((entry, cost)),
                 trial: None,
             })
-        } else if let Some(pool) = pool
-            && pool.try_trial(call.session.key(), now, &config)
+        } else if let Some(pool) = pool.as_ref().filter(|_| returning)
+            && pool.try_trial(id, now, &config)
         {
-            // A call on an id the server has not accepted, which its tenant's pool refuses: the
-            // id's trial, on a newcomer place, so a new client is not refused for what the
-            // pool's other clients did. Nothing of the pool's bucket is taken.
+            // A call on an id the server has not accepted, which came back as told and which
+            // its tenant's pool refuses: the id's trial, on a newcomer place, so a client that
+            // reads its hints is not refused for what the pool's other clients did. Nothing of
+            // the pool's bucket is taken.
             s.start();
             drop(s);
             Ok(SessionPermit {
                 charged: Some((entry, 0.0)),
-                trial: Some((pool, call.session.key())),
+                trial: Some((pool.clone(), id)),
             })
         } else {
             s.rejected += 1;
@@ -155,7 +160,19 @@ impl Admission for SessionGuard {
                 .min(own.saturating_add(secs_ns(window)));
             s.hinted = slot;
             let wait = Duration::from_nanos(slot - now).max(Duration::from_millis(1));
+            // The state is judged by its own wait (a pool as one client: ids made up per call
+            // calling through it are ignoring it). The id of a call the pool refuses is told
+            // when it may have its trial, if sooner: when a newcomer place is free, and at
+            // least the shortest wait that shows it reads its hints.
             s.refused(now, window, Some(wait));
+            let told = match pool.as_ref().and_then(|p| p.trial_in(id, now, &config)) {
+                Some(place) => wait.min(place.max(SHORTEST_WAIT)),
+                None => wait,
+            };
+            if pool.is_some() {
+                let until = now.saturating_add(u64::try_from(told.as_nanos()).unwrap_or(u64::MAX));
+                self.inner.returning.told(id, until);
+            }
             let reason = if reason != Reason::SessionBudgetExceeded {
                 reason
             } else if s.factor < 1.0 {
@@ -166,7 +183,7 @@ impl Admission for SessionGuard {
                 reason
             };
             ::metrics::counter!(metrics::SESSION_REJECTED).increment(1);
-            Err(Rejection::new(reason, Scope::AgentSession, wait))
+            Err(Rejection::new(reason, Scope::AgentSession, told))
         }
     }
 

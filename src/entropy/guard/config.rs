@@ -84,8 +84,10 @@ pub struct SessionConfig {
     pub new_session_rate: Positive,
     /// The newcomer allowance: sessions of one tenant that may be on probation at once before
     /// `new_session_rate` applies; further new sessions stay in the tenant's unverified pool
-    /// until a place is free. A call the pool refuses on an id not yet accepted takes a place
-    /// as that id's trial ([`SessionGuard::accept`](super::SessionGuard::accept)). Default 3.
+    /// until a place is free. A call the pool refuses on an id not yet accepted that came back
+    /// as told takes a place as that id's trial
+    /// ([`SessionGuard::accept`](super::SessionGuard::accept)); ids made up per call take none.
+    /// Default 3.
     pub new_session_burst: AtLeastOne,
     /// A session unseen this long is forgotten (`idle_ttl_ms`). Default 5 min.
     #[serde(rename = "idle_ttl_ms")]

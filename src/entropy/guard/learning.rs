@@ -135,8 +135,18 @@ impl Observer for SessionGuard {
         {
             self.learn(tool, o, tracked);
         }
-        if !accepted && o.outcome == Outcome::Ok {
-            // The server answered a call on this id: it is a real session.
+        // The server minted this id, or answered with success a call on it that came back as
+        // told (made-up ids, which never come back, take no newcomer place): a real session.
+        // An id minted while its tenant has no place was told nothing: its first call comes
+        // back as told (it cost the client a round trip, and the server chose it).
+        if accepted || o.outcome != Outcome::Ok {
+            return;
+        }
+        if o.call.method.as_deref() == Some("initialize") {
+            if !self.accept(&o.call.session, &o.call.tenant) {
+                self.inner.returning.minted(key, self.now());
+            }
+        } else if self.inner.returning.returned(key) {
             self.accept(&o.call.session, &o.call.tenant);
         }
     }

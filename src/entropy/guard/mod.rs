@@ -9,6 +9,7 @@
 mod admission;
 mod config;
 mod learning;
+mod returning;
 mod session;
 
 pub use admission::SessionPermit;
@@ -35,6 +36,7 @@ use crate::outcome::Observer;
 use crate::policy::{Mode, Switch};
 use crate::stats::{Ewma, OwnBaselines, Recent, ToolBaselines};
 use config::{BASELINE_ALPHA, HEALTH_ALPHA};
+use returning::Returning;
 use session::{Pool, Session};
 
 pub use crate::stats::MAX_TOOLS;
@@ -82,6 +84,8 @@ struct Inner {
     pools: Bounded<Arc<Pool>>,
     /// The pool of tenants past `max_tenants`.
     overflow: Arc<Pool>,
+    /// Which ids the pools refused came back as told.
+    returning: Returning,
     /// Each tool's healthy service time, by a keyed hash of its name.
     tool_latency: ToolBaselines,
     top: Mutex<Vec<SessionSummary>>,
@@ -119,6 +123,7 @@ impl SessionGuard {
                 epoch: Instant::now(),
                 sessions: Bounded::new(),
                 pools: Bounded::new(),
+                returning: Returning::new(),
                 tool_latency: ToolBaselines::new(),
                 top: Mutex::new(Vec::new()),
                 keys: RandomState::new(),
@@ -265,8 +270,10 @@ impl SessionGuard {
         }
     }
 
-    /// Tells the guard that the MCP server accepted `session` of `tenant` (it minted the id on
-    /// `initialize`, or answered a call on it with success); the guard's observer calls it.
+    /// Tells the guard that the MCP server accepted `session` of `tenant`; the guard's observer
+    /// calls it when the server minted the id on `initialize`, or answered with success a call
+    /// on it that came back as told (so ids made up per call, which never come back, take no
+    /// place; see the [module docs](crate::entropy)).
     /// The session gets its own state, on probation, if its tenant has a newcomer place (the
     /// one its trial call holds, if that was the call) and fewer than `max_sessions` are
     /// tracked; otherwise its calls stay in the tenant's unverified pool (and it may be

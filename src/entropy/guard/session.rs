@@ -156,6 +156,19 @@ impl Pool {
         true
     }
 
+    /// How long until the id `key`, refused by this pool, could have its trial: until a
+    /// newcomer place is free (`ZERO` if one is now); `None` if it has had its trial.
+    pub(super) fn trial_in(&self, key: u64, now: u64, config: &SessionConfig) -> Option<Duration> {
+        let n = self.newcomers();
+        if n.trials.iter().any(|&(k, _)| k == key) {
+            return None;
+        }
+        let rate = config.new_session_rate.get();
+        let dt = Duration::from_nanos(now.saturating_sub(n.refilled)).as_secs_f64();
+        let short = 1.0 - (n.places + rate * dt).min(config.new_session_burst.get());
+        Some(Duration::try_from_secs_f64(short.max(0.0) / rate).unwrap_or(Duration::MAX))
+    }
+
     /// The trial of the id `key` is over; whether it was in flight (its place is then the
     /// caller's, to accept the id with).
     pub(super) fn end_trial(&self, key: u64) -> bool {
