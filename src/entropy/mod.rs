@@ -44,12 +44,15 @@
 //! unverified pool, one state per tenant. An accepted session starts on probation (a full
 //! bucket refilled at `probation` of its budget, doubled per healthy call) and takes one of its
 //! tenant's newcomer places (`new_session_burst`, refilled at `new_session_rate`, given back
-//! when it graduates healthy after `min_calls`). A call on an id not yet accepted that its
-//! tenant's pool refuses is the id's **trial** while the tenant has a place: admitted on that
-//! place, so a new client is not refused for what the pool's other clients did; the server's
-//! success on it accepts the id with that place, a refund gives the place back, any other end
-//! spends it (an id gets one trial, of the last 16 its pool remembers). Ids made up per call
-//! get no more trials than places.
+//! when it graduates healthy after `min_calls`). The places go only to ids that **come back as
+//! told**: a call on an id not yet accepted that its tenant's pool refuses is told when to come
+//! back (100 ms while a place is free), and the guard remembers when, in a fixed table; a call
+//! that comes back at or after that time and that the pool refuses is the id's **trial** while
+//! the tenant has a place: admitted on that place, so a client that reads its hints is not
+//! refused for what the pool's other clients did; the server's success on it (or on any call
+//! that came back as told) accepts the id with that place, a refund gives the place back, any
+//! other end spends it (an id gets one trial, of the last 16 its pool remembers). Ids made up
+//! per call never come back, so they take no place.
 //!
 //! State is bounded: at most `max_sessions` are tracked (past it, new sessions stay in their
 //! tenant's pool and no tracked session is evicted for them), at most `max_tenants` pools,
