@@ -350,6 +350,26 @@ fn refused(o: &BTreeMap<String, usize>) -> usize {
         .sum()
 }
 
+/// The agents for 60 s on a new server, the runaway starting with the others.
+async fn from_the_start(scenario: Scenario) -> Figures {
+    let (router, control) = server();
+    agents(&router, &control, scenario, 1, (500, 500), Duration::ZERO).await
+}
+
+/// Each innocent agent refused at most twice (in all: the four steady agents 8 times, the
+/// complex one 2): its first call, when its tenant's unverified pool already refuses (nothing
+/// tells a new client's first call from a made-up id's), and once more if it comes back
+/// before a newcomer place is free.
+fn refused_at_most_twice(f: &Figures) {
+    assert!(
+        refused(&f.steady) <= 2 * 4 && refused(&f.complex) <= 2,
+        "steady {:?}, complex {:?}, runaway {:?}",
+        f.steady,
+        f.complex,
+        f.swarm
+    );
+}
+
 /// The outcomes other than "ok".
 fn not_ok(o: &BTreeMap<String, usize>) -> Vec<(String, usize)> {
     o.iter()
@@ -383,9 +403,11 @@ async fn a_swarm_of_sixteen_searches_over_eight_sessions_refuses_nobody_else() {
         swarm.get("session_storm").copied().unwrap_or(0) > 0,
         "the swarm is refused for its score: {swarm:?}"
     );
-    // Work-conserving: the database (20 scans a second) runs what the others leave.
+    // The database (20 scans a second) runs most of what the others leave: 582 scans here,
+    // 673 before the sub-agents still waiting in their tenant's pool were charged to its early
+    // state when they call before their waits (and cut there as the swarm they are).
     let scans = swarm.get("ok").copied().unwrap_or(0);
-    assert!(scans >= 600, "the swarm's scans: {swarm:?}");
+    assert!(scans >= 550, "the swarm's scans: {swarm:?}");
 }
 
 /// With the script's default complex agent (two callers, a call every 150-350 ms each: about
@@ -445,30 +467,18 @@ async fn a_burst_that_fills_the_queue_does_not_refuse_a_steady_agent_after_it() 
 }
 
 /// A swarm, then at once the stateless agents of `python_agents.py ... 16 stateless calm` on
-/// the same server: the new clients of the tenant the swarm stormed in are refused at most
-/// twice each for it, briefly (their first call, which nothing tells from an id made up per
-/// call, and once more if they come back before a newcomer place is free). The sub-agents
-/// never came back as told, so they never left the tenant's unverified pool, and it still
-/// storms when the new clients arrive. Over real HTTP the stateless steady agents were
-/// refused `session_storm` in 3 of 11 such sequences before trial calls (62 ok and 12 refused
-/// where 199 is normal).
+/// the same server: the new clients of the tenant the swarm stormed in are never refused for
+/// it. Over real HTTP the stateless steady agents were refused `session_storm` in 3 of 11
+/// such sequences before trial calls (62 ok and 12 refused where 199 is normal). Once the
+/// newcomer places went only to ids that come back as told, the sub-agents (which never do)
+/// stayed in the tenant's unverified pool and kept it storming, and 6 of 188 steady calls
+/// were refused here; their calls before their waits are now charged to the pool's early
+/// state, so the pool the new clients are charged to is calm.
 #[tokio::test(start_paused = true)]
-async fn after_a_swarm_new_stateless_clients_of_its_tenant_are_refused_at_most_twice() {
+async fn after_a_swarm_new_stateless_clients_of_its_tenant_are_never_refused() {
     let (router, control) = server();
     let first = agents(&router, &control, Scenario::Swarm, 1, (500, 500), SWARM_AT).await;
-    assert_eq!(
-        (not_ok(&first.steady), not_ok(&first.complex)),
-        (vec![], vec![]),
-        "the swarm's run: steady {:?}, complex {:?}",
-        first.steady,
-        first.complex
-    );
-    let Figures {
-        steady,
-        complex,
-        swarm,
-        ..
-    } = agents(
+    let second = agents(
         &router,
         &control,
         Scenario::Stateless,
@@ -477,10 +487,17 @@ async fn after_a_swarm_new_stateless_clients_of_its_tenant_are_refused_at_most_t
         SWARM_AT,
     )
     .await;
-    assert!(
-        refused(&steady) <= 2 * 4 && refused(&complex) <= 2,
-        "steady {steady:?}, complex {complex:?}, runaway {swarm:?}"
-    );
+    for (run, f) in [("the swarm's", &first), ("the stateless agents'", &second)] {
+        assert_eq!(
+            (not_ok(&f.steady), not_ok(&f.complex)),
+            (vec![], vec![]),
+            "{run} run: steady {:?}, complex {:?}, runaway {:?}",
+            f.steady,
+            f.complex,
+            f.swarm
+        );
+    }
+    let swarm = &second.swarm;
     assert!(
         swarm.values().sum::<usize>() > swarm.get("ok").copied().unwrap_or(0) * 4,
         "the runaway is refused: {swarm:?}"
@@ -496,25 +513,7 @@ async fn after_a_swarm_new_stateless_clients_of_its_tenant_are_refused_at_most_t
 /// fewer refusals (see docs/results.md for the same over real HTTP).
 #[tokio::test(start_paused = true)]
 async fn a_swarm_starting_with_the_other_agents_refuses_them_at_most_twice() {
-    let (router, control) = server();
-    let Figures {
-        steady,
-        complex,
-        swarm,
-        ..
-    } = agents(
-        &router,
-        &control,
-        Scenario::Swarm,
-        1,
-        (500, 500),
-        Duration::ZERO,
-    )
-    .await;
-    assert!(
-        refused(&steady) <= 2 * 4 && refused(&complex) <= 2,
-        "steady {steady:?}, complex {complex:?}, swarm {swarm:?}"
-    );
+    refused_at_most_twice(&from_the_start(Scenario::Swarm).await);
 }
 
 /// The runaway starts with the other agents and presents a new token on every call
@@ -525,27 +524,11 @@ async fn a_swarm_starting_with_the_other_agents_refuses_them_at_most_twice() {
 /// told, and they are refused at most twice each (182 ok, 6 refused).
 #[tokio::test(start_paused = true)]
 async fn new_tokens_per_call_starting_with_the_other_agents_refuse_them_at_most_twice() {
-    let (router, control) = server();
-    let Figures {
-        steady,
-        complex,
-        swarm,
-        ..
-    } = agents(
-        &router,
-        &control,
-        Scenario::FreshToken,
-        1,
-        (500, 500),
-        Duration::ZERO,
-    )
-    .await;
-    assert!(
-        refused(&steady) <= 2 * 4 && refused(&complex) <= 2,
-        "steady {steady:?}, complex {complex:?}, runaway {swarm:?}"
-    );
+    let figures = from_the_start(Scenario::FreshToken).await;
+    refused_at_most_twice(&figures);
     // Answered (none was before): the agents that come back before a place is free wait
     // for one, about 10 s, so they make fewer calls than the run's 4 x 60.
+    let steady = &figures.steady;
     assert!(
         steady.get("ok").copied().unwrap_or(0) >= 4 * 40,
         "the steady agents' calls are answered: {steady:?}"

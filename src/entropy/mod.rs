@@ -52,7 +52,9 @@
 //! refused for what the pool's other clients did; the server's success on it (or on any call
 //! that came back as told) accepts the id with that place, a refund gives the place back, any
 //! other end spends it (an id gets one trial, of the last 16 its pool remembers). Ids made up
-//! per call never come back, so they take no place.
+//! per call never come back, so they take no place. A call that comes before its id's wait is
+//! charged to and judged by the pool's early state (its bucket starts empty), so clients that
+//! call through their hints do not storm the pool for the tenant's new clients.
 //!
 //! State is bounded: at most `max_sessions` are tracked (past it, new sessions stay in their
 //! tenant's pool and no tracked session is evicted for them), at most `max_tenants` pools,
@@ -68,6 +70,6 @@ mod window;
 
 pub use guard::{
     ERRORS_ALLOWED, HINTS_CALLERS, HINTS_KEPT, HINTS_REACTION, MAX_TOOLS, SessionConfig,
-    SessionGuard, SessionPermit, SessionSummary, UNVERIFIED_PREFIX,
+    SessionGuard, SessionPermit, SessionSummary, UNVERIFIED_EARLY_PREFIX, UNVERIFIED_PREFIX,
 };
 pub use key::MAX_HASHED_ARGS;

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::returning::SHORTEST_WAIT;
+use super::returning::{SHORTEST_WAIT, Standing};
 use super::session::{Pool, Session, secs_ns, weight_of};
 use super::{SessionGuard, lock};
 use crate::admit::Admission;
@@ -60,9 +60,16 @@ impl Admission for SessionGuard {
         let key = self.resource_key(call);
         let cost = f64::from(call.cost().max(1));
         let (entry, pool) = self.state(call);
-        // On an id the server has not accepted: whether the call came back as told.
+        // On an id the server has not accepted: how the call stands against its id's wait.
+        // One that comes before it is charged to and judged by the pool's early state, so
+        // clients calling through their hints do not storm the pool for the tenant's others.
         let id = call.session.key();
-        let returning = pool.is_some() && self.inner.returning.arrive(id, now);
+        let standing = pool.as_ref().map(|_| self.inner.returning.arrive(id, now));
+        let entry = match (&pool, standing) {
+            (Some(p), Some(Standing::Early)) => p.early.clone(),
+            _ => entry,
+        };
+        let returning = standing == Some(Standing::Returned);
         let mut s = lock(&entry);
         let dt = Duration::from_nanos(now.saturating_sub(s.last)).as_secs_f64();
         let first = s.calls == 0;

@@ -7,6 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::returning::Standing;
 use super::session::{Session, weight_of};
 use super::{SessionGuard, UNVERIFIED_VOTER, lock};
 use crate::call::{Call, Name};
@@ -32,11 +33,12 @@ impl SessionGuard {
         let (entry, voter) = match tracked {
             Some(tracked) => tracked,
             None => {
-                let pools = &self.inner.pools;
-                match pools.get(o.call.tenant.key()) {
-                    Some(p) => (p.state.clone(), UNVERIFIED_VOTER),
-                    None => (self.inner.overflow.state.clone(), UNVERIFIED_VOTER),
-                }
+                let pool = self.inner.pools.get(o.call.tenant.key());
+                let pool = pool.as_deref().unwrap_or(&self.inner.overflow);
+                let early =
+                    self.inner.returning.last(o.call.session.key()) == Some(Standing::Early);
+                let state = if early { &pool.early } else { &pool.state };
+                (state.clone(), UNVERIFIED_VOTER)
             }
         };
         let tools = &self.inner.tool_latency;
@@ -146,7 +148,7 @@ impl Observer for SessionGuard {
             if !self.accept(&o.call.session, &o.call.tenant) {
                 self.inner.returning.minted(key, self.now());
             }
-        } else if self.inner.returning.returned(key) {
+        } else if self.inner.returning.last(key) == Some(Standing::Returned) {
             self.accept(&o.call.session, &o.call.tenant);
         }
     }
@@ -168,7 +170,11 @@ impl Observer for SessionGuard {
         let window = config.window_size.get().as_secs_f64();
         let before = matches!(r.scope(), Scope::Global | Scope::Tenant);
         let key = if before { self.resource_key(call) } else { 0 };
-        let (entry, _) = self.state(call);
+        let (entry, pool) = self.state(call);
+        let entry = match pool {
+            Some(pool) => self.charged(&pool, call, now),
+            None => entry,
+        };
         let mut s = lock(&entry);
         if before {
             s.arrive(now, window, key, weight_of(call, &config));

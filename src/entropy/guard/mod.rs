@@ -14,7 +14,9 @@ mod session;
 
 pub use admission::SessionPermit;
 pub use config::{ERRORS_ALLOWED, SessionConfig};
-pub use session::{HINTS_CALLERS, HINTS_KEPT, HINTS_REACTION, UNVERIFIED_PREFIX};
+pub use session::{
+    HINTS_CALLERS, HINTS_KEPT, HINTS_REACTION, UNVERIFIED_EARLY_PREFIX, UNVERIFIED_PREFIX,
+};
 
 use crate::error::ConfigError;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
@@ -270,6 +272,16 @@ impl SessionGuard {
         }
     }
 
+    /// The state of `pool` a call on an id not yet accepted arriving at `now` is charged to:
+    /// the pool's, or its early state's if the call comes before its id's wait.
+    fn charged(&self, pool: &Pool, call: &Call, now: u64) -> Arc<Mutex<Session>> {
+        if self.inner.returning.early(call.session.key(), now) {
+            pool.early.clone()
+        } else {
+            pool.state.clone()
+        }
+    }
+
     /// Tells the guard that the MCP server accepted `session` of `tenant`; the guard's observer
     /// calls it when the server minted the id on `initialize`, or answered with success a call
     /// on it that came back as told (so ids made up per call, which never come back, take no
@@ -343,7 +355,13 @@ impl SessionGuard {
         let config = self.config_of(call);
         let (client, state) = match self.tracked(call) {
             Ok((key, s)) => (key, Some(s)),
-            Err(pool) => (pool, self.inner.pools.get(!pool).map(|p| p.state.clone())),
+            Err(pool) => (
+                pool,
+                self.inner
+                    .pools
+                    .get(!pool)
+                    .map(|p| self.charged(&p, call, self.now())),
+            ),
         };
         let allowance = match state {
             Some(s) if config.enabled => {
@@ -418,7 +436,7 @@ impl SessionGuard {
             true
         };
         self.inner.sessions.retain(|s| keep(s));
-        self.inner.pools.retain(|p| keep(&p.state));
+        self.inner.pools.retain(|p| keep(&p.state) | keep(&p.early));
         self.inner.tool_latency.renew_if_full();
         if let Some(first) = top.first() {
             ::metrics::gauge!(metrics::SESSION_TOP_SCORE).set(first.score);

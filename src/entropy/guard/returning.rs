@@ -19,13 +19,13 @@ pub(super) const SHORTEST_WAIT: Duration = Duration::from_millis(100);
 /// Slots of the table: 8 bytes each, 512 KiB in all, whatever ids clients send.
 const SLOTS: usize = 1 << 16;
 
-/// A wait no longer than this is ever told (the session window is at most a few minutes):
-/// an entry whose time lies further ahead is older than the clock's wrap (49 days) and is
-/// judged new.
+/// Longer than any wait a refusal names with the session window in its usual range (seconds
+/// to minutes): an entry whose time lies further ahead is taken for one older than the
+/// clock's wrap (49 days), and its wait as over.
 const LONGEST_WAIT_MS: u32 = 3_600_000;
 
-/// The ids that came back as told. Each slot holds 31 bits of its id's key (the rest of the
-/// key picks the slot), whether its last call came back as told, and when it was last told
+/// The ids that came back as told. Each slot holds 30 bits of its id's key (16 others pick the
+/// slot), whether its last call came back as told, and when it was last told
 /// to come back, in ms since the guard began (wrapping).
 pub(super) struct Returning {
     slots: Box<[AtomicU64]>,
@@ -39,18 +39,29 @@ impl std::fmt::Debug for Returning {
     }
 }
 
+/// How a call on an id the server has not accepted stands as it arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Standing {
+    /// The first call of the id the table knows of: told nothing yet.
+    New,
+    /// At or after the time its id's last refusal named (or told nothing).
+    Returned,
+    /// Before that time: its client did not wait its hint.
+    Early,
+}
+
 /// What a slot holds for one id.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Entry {
-    /// Its call came back as told (at or after `until`).
-    returned: bool,
+    /// How its last call stood.
+    last: Standing,
     /// When it was last told to come back, ms (wrapping).
     until: u32,
 }
 
 /// The tag of a key: its high bits, never zero (an empty slot is zero).
 fn tag(key: u64) -> u64 {
-    (key >> 33) | (1 << 30)
+    (key >> 35) | (1 << 28)
 }
 
 impl Returning {
@@ -67,44 +78,53 @@ impl Returning {
 
     fn load(&self, key: u64) -> Option<Entry> {
         let v = self.slot(key).load(Ordering::Relaxed);
-        (v >> 33 == tag(key)).then_some(Entry {
-            returned: v & (1 << 32) != 0,
+        let last = match (v >> 32) & 3 {
+            0 => Standing::New,
+            1 => Standing::Returned,
+            _ => Standing::Early,
+        };
+        (v >> 34 == tag(key)).then_some(Entry {
+            last,
             until: v as u32,
         })
     }
 
     fn store(&self, key: u64, e: Entry) {
-        let v = (tag(key) << 33) | (u64::from(e.returned) << 32) | u64::from(e.until);
+        let last: u64 = match e.last {
+            Standing::New => 0,
+            Standing::Returned => 1,
+            Standing::Early => 2,
+        };
+        let v = (tag(key) << 34) | (last << 32) | u64::from(e.until);
         self.slot(key).store(v, Ordering::Relaxed);
     }
 
-    /// A call on `key` arrives at `now` (ns): whether it comes back as told, at or after the
-    /// time its id's last refusal named. An id new to the table is noted as told nothing (its
-    /// next call comes back); one that comes back early keeps its time.
-    pub(super) fn arrive(&self, key: u64, now: u64) -> bool {
+    /// A call on `key` arrives at `now` (ns): how it stands against the time its id's last
+    /// refusal named. An id new to the table is noted as told nothing (its next call comes
+    /// back as told); one that comes back early keeps its time.
+    pub(super) fn arrive(&self, key: u64, now: u64) -> Standing {
         let now = ms(now);
-        let (returned, until) = match self.load(key) {
-            None => (false, now),
-            Some(e) => {
-                // Behind now (wrapping past u32::MAX) or impossibly far ahead: over.
-                let ahead = e.until.wrapping_sub(now);
-                if ahead == 0 || ahead > LONGEST_WAIT_MS {
-                    (true, now)
-                } else {
-                    (false, e.until)
-                }
-            }
+        let (last, until) = match self.load(key) {
+            None => (Standing::New, now),
+            Some(e) if over(e.until, now) => (Standing::Returned, now),
+            Some(e) => (Standing::Early, e.until),
         };
-        self.store(key, Entry { returned, until });
-        returned
+        self.store(key, Entry { last, until });
+        last
+    }
+
+    /// Whether a call on `key` arriving at `now` (ns) would come back early.
+    pub(super) fn early(&self, key: u64, now: u64) -> bool {
+        self.load(key).is_some_and(|e| !over(e.until, ms(now)))
     }
 
     /// A call on `key` was refused and told to come back at `until` (ns).
     pub(super) fn told(&self, key: u64, until: u64) {
+        let last = self.last(key).unwrap_or(Standing::New);
         self.store(
             key,
             Entry {
-                returned: false,
+                last,
                 until: ms(until),
             },
         );
@@ -116,16 +136,23 @@ impl Returning {
         self.store(
             key,
             Entry {
-                returned: false,
+                last: Standing::New,
                 until: ms(now),
             },
         );
     }
 
-    /// Whether the last call on `key` came back as told.
-    pub(super) fn returned(&self, key: u64) -> bool {
-        self.load(key).is_some_and(|e| e.returned)
+    /// How the last call on `key` stood, if the table holds it.
+    pub(super) fn last(&self, key: u64) -> Option<Standing> {
+        self.load(key).map(|e| e.last)
     }
+}
+
+/// Whether a wait until `until` is over at `now` (ms): behind it (wrapping past `u32::MAX`),
+/// or impossibly far ahead.
+fn over(until: u32, now: u32) -> bool {
+    let ahead = until.wrapping_sub(now);
+    ahead == 0 || ahead > LONGEST_WAIT_MS
 }
 
 /// ns as wrapping ms.
@@ -135,6 +162,7 @@ fn ms(ns: u64) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use super::Standing::{Early, New, Returned};
     use super::*;
     use proptest::prelude::*;
 
@@ -143,26 +171,28 @@ mod tests {
     #[test]
     fn an_id_comes_back_as_told_only_after_its_wait() {
         let t = Returning::new();
-        assert!(!t.arrive(7, 0), "new");
-        assert!(!t.returned(7));
-        assert!(
-            t.arrive(7, 5 * MS),
-            "told nothing: its next call comes back"
-        );
-        assert!(t.returned(7));
+        assert_eq!(t.arrive(7, 0), New);
+        assert_eq!(t.last(7), Some(New));
+        assert_eq!(t.arrive(7, 5 * MS), Returned, "told nothing: its next call");
         t.told(7, 105 * MS);
-        assert!(!t.arrive(7, 50 * MS), "early");
-        assert!(!t.returned(7));
-        assert!(!t.arrive(7, 104 * MS), "still early: the time is kept");
-        assert!(t.arrive(7, 105 * MS));
-        assert!(t.returned(7));
+        assert_eq!(
+            t.last(7),
+            Some(Returned),
+            "the refused call's standing is kept"
+        );
+        assert!(t.early(7, 50 * MS) && !t.early(7, 105 * MS));
+        assert_eq!(t.arrive(7, 50 * MS), Early);
+        assert_eq!(t.arrive(7, 104 * MS), Early, "the time is kept");
+        assert_eq!(t.last(7), Some(Early));
+        assert_eq!(t.arrive(7, 105 * MS), Returned);
+        assert_eq!(t.last(8), None);
     }
 
     #[test]
     fn a_minted_ids_first_call_comes_back_as_told() {
         let t = Returning::new();
         t.minted(7, 5 * MS + 1);
-        assert!(t.arrive(7, 5 * MS + 2), "at the same ms");
+        assert_eq!(t.arrive(7, 5 * MS + 2), Returned, "at the same ms");
     }
 
     #[test]
@@ -172,8 +202,8 @@ mod tests {
         let t = Returning::new();
         t.arrive(7, 0);
         t.told(7, 10 * MS + 900_000);
-        assert!(!t.arrive(7, 9 * MS + 999_999));
-        assert!(t.arrive(7, 10 * MS + 100));
+        assert_eq!(t.arrive(7, 9 * MS + 999_999), Early);
+        assert_eq!(t.arrive(7, 10 * MS + 100), Returned);
     }
 
     #[test]
@@ -182,8 +212,8 @@ mod tests {
         let (a, b) = (3, 3 + (1 << 40));
         t.arrive(a, 0);
         t.arrive(b, 0);
-        assert!(!t.arrive(a, MS), "b took a's slot");
-        assert!(t.arrive(a, 2 * MS));
+        assert_eq!(t.arrive(a, MS), New, "b took a's slot");
+        assert_eq!(t.arrive(a, 2 * MS), Returned);
     }
 
     #[test]
@@ -193,18 +223,18 @@ mod tests {
         t.told(9, 10 * MS);
         // The clock wrapped (after 49 days) to just over the longest wait before that time.
         let now = ((1u64 << 32) + 10 - u64::from(LONGEST_WAIT_MS) - 1) * MS;
-        assert!(t.arrive(9, now));
+        assert_eq!(t.arrive(9, now), Returned);
     }
 
     proptest! {
-        /// Against a map of every id: a call comes back as told exactly when the map says so,
-        /// for ids whose slots no other id touched.
+        /// Against a map of every id: each call stands as the map says, for ids whose slots
+        /// no other id touched.
         #[test]
         fn matches_a_map_for_ids_in_their_own_slots(
             ops in prop::collection::vec((0u64..8, 0u64..3, 0u64..2000), 1..200)
         ) {
             let t = Returning::new();
-            let mut map = std::collections::HashMap::<u64, (bool, u64)>::new();
+            let mut map = std::collections::HashMap::<u64, (Standing, u64)>::new();
             let mut now = 0u64;
             for (id, op, dt) in ops {
                 now += dt * MS;
@@ -212,23 +242,21 @@ mod tests {
                 match op {
                     0 | 1 => {
                         let want = match map.get(&id) {
-                            None => { map.insert(id, (false, now / MS)); false }
-                            Some(&(_, until)) => {
-                                let back = now / MS >= until;
-                                let until = if back { now / MS } else { until };
-                                map.insert(id, (back, until));
-                                back
-                            }
+                            None => (New, now / MS),
+                            Some(&(_, until)) if now / MS >= until => (Returned, now / MS),
+                            Some(&(_, until)) => (Early, until),
                         };
-                        prop_assert_eq!(t.arrive(key, now), want);
+                        map.insert(id, want);
+                        prop_assert_eq!(t.arrive(key, now), want.0);
                     }
                     _ => {
                         let until = now + dt * MS + dt;
                         t.told(key, until);
-                        map.insert(id, (false, until / MS));
+                        let last = map.get(&id).map_or(New, |e| e.0);
+                        map.insert(id, (last, until / MS));
                     }
                 }
-                prop_assert_eq!(t.returned(key), map.get(&id).is_some_and(|e| e.0));
+                prop_assert_eq!(t.last(key), map.get(&id).map(|e| e.0));
             }
         }
     }

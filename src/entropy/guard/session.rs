@@ -18,6 +18,10 @@ use crate::stats::{Ewma, OwnBaselines, Recent};
 /// How a tenant's unverified pool is named in the top-N view: this, then the tenant.
 pub const UNVERIFIED_PREFIX: &str = "~unverified:";
 
+/// How the state of a tenant's ids not yet accepted that came back before their waits is
+/// named in the top-N view: this, then the tenant.
+pub const UNVERIFIED_EARLY_PREFIX: &str = "~unverified-early:";
+
 /// One session's state (or a tenant's unverified pool); its own mutex, touched only by its
 /// own calls.
 #[derive(Debug)]
@@ -80,11 +84,14 @@ pub(super) struct Session {
 }
 
 /// A tenant's unverified pool: the one session state charged for every call of the tenant on
-/// an id the MCP server has not accepted (so ids made up per call are one session here), and
-/// the tenant's newcomer places: what accepting an id, or its trial call, takes.
+/// an id the MCP server has not accepted (so ids made up per call are one session here), the
+/// one charged for such calls that came back before the wait their id was told (so clients
+/// that call through their hints do not storm the pool for the tenant's new clients), and the
+/// tenant's newcomer places: what accepting an id, or its trial call, takes.
 #[derive(Debug)]
 pub(super) struct Pool {
     pub(super) state: Arc<Mutex<Session>>,
+    pub(super) early: Arc<Mutex<Session>>,
     newcomers: Mutex<Newcomers>,
 }
 
@@ -107,12 +114,19 @@ const TRIALS_KEPT: usize = 16;
 
 impl Pool {
     pub(super) fn new(tenant: &Tenant, config: &SessionConfig, now: u64) -> Self {
-        let id = SessionId::new(format!("{UNVERIFIED_PREFIX}{tenant}"));
-        let mut state = SessionGuard::session(id, config, now);
-        state.pool = true;
-        state.trust = config.probation.get();
+        let state = |prefix: &str, tokens: f64| {
+            let id = SessionId::new(format!("{prefix}{tenant}"));
+            let mut state = SessionGuard::session(id, config, now);
+            state.pool = true;
+            state.trust = config.probation.get();
+            state.tokens = tokens;
+            Arc::new(Mutex::new(state))
+        };
         Pool {
-            state: Arc::new(Mutex::new(state)),
+            state: state(UNVERIFIED_PREFIX, config.burst.get()),
+            // Calls that did not wait their hints earn nothing at once: its bucket starts
+            // empty, refilled at probation's share of the budget.
+            early: state(UNVERIFIED_EARLY_PREFIX, 0.0),
             newcomers: Mutex::new(Newcomers {
                 places: config.new_session_burst.get(),
                 refilled: now,
