@@ -2,7 +2,7 @@
 //! at insert time, a busy session survives a flood of accepted sessions, and ids the server
 //! never accepted are not stored at all; the newcomer places go to ids that come back as told
 //! (a trial call when their tenant's unverified pool refuses them), none to ids made up per
-//! call.
+//! call; calls before their wait are charged apart from the pool.
 
 use std::time::Duration;
 use stormgate::valid::{AtLeastOne, NonZeroDuration, Positive};
@@ -261,4 +261,29 @@ async fn newcomer_places_go_only_to_ids_that_come_back_as_told() {
         "its refunded trial, on the next place"
     );
     assert_eq!(g.len(), 0, "nothing accepted: no trial succeeded");
+}
+
+/// Calls on an id not yet accepted that come before the wait it was told are charged to the
+/// pool's early state, whose bucket starts empty: a client calling through its refusals does
+/// not spend what its tenant's pool refills for the tenant's new clients. "busy" is refused
+/// once the pool is spent and then calls every 100 ms through its waits for 5 s, while the
+/// pool refills (2 calls a second on probation; the early state as much, for busy); a new
+/// client then has its first call answered.
+/// Charged to the pool itself, busy's calls took each refilled token and the new client was
+/// refused.
+#[tokio::test(start_paused = true)]
+async fn calls_before_their_wait_do_not_spend_the_pool_for_new_clients() {
+    let g = small_pools();
+    let mut held = Vec::new();
+    while let Ok(permit) = g.admit(&call("busy")) {
+        held.push(permit);
+    }
+    for _ in 0..50 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+        if let Ok(permit) = g.admit(&call("busy")) {
+            held.push(permit);
+        }
+    }
+    g.admit(&call("newcomer"))
+        .expect("the pool refilled for the tenant's new clients");
 }

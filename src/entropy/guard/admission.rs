@@ -65,9 +65,9 @@ impl Admission for SessionGuard {
         // clients calling through their hints do not storm the pool for the tenant's others.
         let id = call.session.key();
         let standing = pool.as_ref().map(|_| self.inner.returning.arrive(id, now));
-        let entry = match (&pool, standing) {
-            (Some(p), Some(Standing::Early)) => p.early.clone(),
-            _ => entry,
+        let entry = match &pool {
+            Some(p) => p.charged(standing == Some(Standing::Early)),
+            None => entry,
         };
         let returning = standing == Some(Standing::Returned);
         let mut s = lock(&entry);

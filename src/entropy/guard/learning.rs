@@ -35,10 +35,11 @@ impl SessionGuard {
             None => {
                 let pool = self.inner.pools.get(o.call.tenant.key());
                 let pool = pool.as_deref().unwrap_or(&self.inner.overflow);
-                let early =
-                    self.inner.returning.last(o.call.session.key()) == Some(Standing::Early);
-                let state = if early { &pool.early } else { &pool.state };
-                (state.clone(), UNVERIFIED_VOTER)
+                let last = self.inner.returning.last(o.call.session.key());
+                (
+                    pool.charged(last == Some(Standing::Early)),
+                    UNVERIFIED_VOTER,
+                )
             }
         };
         let tools = &self.inner.tool_latency;

@@ -275,11 +275,7 @@ impl SessionGuard {
     /// The state of `pool` a call on an id not yet accepted arriving at `now` is charged to:
     /// the pool's, or its early state's if the call comes before its id's wait.
     fn charged(&self, pool: &Pool, call: &Call, now: u64) -> Arc<Mutex<Session>> {
-        if self.inner.returning.early(call.session.key(), now) {
-            pool.early.clone()
-        } else {
-            pool.state.clone()
-        }
+        pool.charged(self.inner.returning.early(call.session.key(), now))
     }
 
     /// Tells the guard that the MCP server accepted `session` of `tenant`; the guard's observer

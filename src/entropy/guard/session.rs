@@ -155,7 +155,7 @@ impl Pool {
     /// the tenant has one and the id has had no trial it remembers.
     pub(super) fn try_trial(&self, key: u64, now: u64, config: &SessionConfig) -> bool {
         let mut n = self.newcomers();
-        if n.trials.iter().any(|&(k, _)| k == key) {
+        if n.tried(key) {
             return false;
         }
         let full = n.trials.len() >= TRIALS_KEPT;
@@ -174,13 +174,22 @@ impl Pool {
     /// newcomer place is free (`ZERO` if one is now); `None` if it has had its trial.
     pub(super) fn trial_in(&self, key: u64, now: u64, config: &SessionConfig) -> Option<Duration> {
         let n = self.newcomers();
-        if n.trials.iter().any(|&(k, _)| k == key) {
+        if n.tried(key) {
             return None;
         }
-        let rate = config.new_session_rate.get();
-        let dt = Duration::from_nanos(now.saturating_sub(n.refilled)).as_secs_f64();
-        let short = 1.0 - (n.places + rate * dt).min(config.new_session_burst.get());
-        Some(Duration::try_from_secs_f64(short.max(0.0) / rate).unwrap_or(Duration::MAX))
+        let short = (1.0 - n.at(now, config)).max(0.0);
+        let secs = short / config.new_session_rate.get();
+        Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+    }
+
+    /// The state a call on an id not yet accepted is charged to and judged by: the pool's,
+    /// or, for a call that came before its id's wait, the early state's.
+    pub(super) fn charged(&self, early: bool) -> Arc<Mutex<Session>> {
+        if early {
+            self.early.clone()
+        } else {
+            self.state.clone()
+        }
     }
 
     /// The trial of the id `key` is over; whether it was in flight (its place is then the
@@ -213,12 +222,21 @@ impl Newcomers {
         self.places = (self.places + 1.0).min(config.new_session_burst.get());
     }
 
+    /// Whether the id `key` had a trial it remembers.
+    fn tried(&self, key: u64) -> bool {
+        self.trials.iter().any(|&(k, _)| k == key)
+    }
+
+    /// The places free at `now`, refilled since they were last counted.
+    fn at(&self, now: u64, config: &SessionConfig) -> f64 {
+        let dt = Duration::from_nanos(now.saturating_sub(self.refilled)).as_secs_f64();
+        (self.places + config.new_session_rate.get() * dt).min(config.new_session_burst.get())
+    }
+
     /// Refills the places to `now` and takes one, if there is one.
     fn take(&mut self, now: u64, config: &SessionConfig) -> bool {
-        let dt = Duration::from_nanos(now.saturating_sub(self.refilled)).as_secs_f64();
+        self.places = self.at(now, config);
         self.refilled = now;
-        self.places =
-            (self.places + config.new_session_rate.get() * dt).min(config.new_session_burst.get());
         if self.places >= 1.0 {
             self.places -= 1.0;
             true
