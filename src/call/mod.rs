@@ -23,11 +23,13 @@ use crate::snapshot::Snapshot;
 mod identity;
 mod ids;
 mod pipeline;
+mod record;
 
 pub use identity::{CLIENT_INFO_META_KEY, CredentialKey, DefaultIdentity, Identify, Meta};
 pub use ids::{MAX_ID_LEN, Name, RequestId, SessionId, Tenant};
 pub(crate) use ids::{bounded, bounded_name};
 pub(crate) use pipeline::Pipeline;
+pub(crate) use record::Record;
 
 /// What kind of JSON-RPC message a [`Call`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -197,6 +199,11 @@ impl Call {
     /// the stack.
     pub(crate) fn snapshot(&self) -> Option<&Snapshot> {
         self.pipeline.snapshot.as_deref()
+    }
+
+    /// Its client's record, as the stage that judges clients found it.
+    pub(crate) fn record(&self) -> &Record {
+        &self.pipeline.record
     }
 
     /// The name of what the call targets: the tool, resource uri or prompt name.

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::record::Record;
 use crate::charges::Charges;
 use crate::snapshot::Snapshot;
 
@@ -19,16 +20,20 @@ pub(crate) struct Pipeline {
     /// The settings its request runs under (see [`Snapshot`]), when a
     /// [`Control`](crate::control::Control) built the stack.
     pub(crate) snapshot: Option<Arc<Snapshot>>,
+    /// Its client's record, as the stage that judges clients found it (see [`Record`]).
+    pub(crate) record: Record,
 }
 
 impl Default for Pipeline {
-    /// Cost 1, no deadline, nothing charged, no snapshot: a call no classifier has priced.
+    /// Cost 1, no deadline, nothing charged, no snapshot, no record kept: a call no classifier
+    /// has priced.
     fn default() -> Self {
         Pipeline {
             cost: 1,
             deadline: None,
             charges: Charges::default(),
             snapshot: None,
+            record: Record::default(),
         }
     }
 }

@@ -13,7 +13,7 @@ use tower::{BoxError, Service};
 use super::ResponseFuture;
 use super::gather::Gather;
 use super::layer::Settings;
-use crate::call::{Arguments, Bypassed, Call, Calls, Meta, Name, Pipeline, Unclassified};
+use crate::call::{Arguments, Bypassed, Call, Calls, Meta, Name, Pipeline, Record, Unclassified};
 use crate::mcp::{self, ProtocolVersion};
 use crate::snapshot::{Live, Snapshot};
 
@@ -275,6 +275,7 @@ pub(crate) fn classify(
                         .map(|d| now + d),
                     charges: Default::default(),
                     snapshot: snapshot.cloned(),
+                    record: Record::kept(),
                 },
             }
         })

@@ -128,9 +128,8 @@ impl SessionGuard {
 
 impl Observer for SessionGuard {
     fn observe(&self, o: &Observation<'_>) {
-        let sessions = &self.inner.sessions;
         let key = o.call.session.key();
-        let tracked = sessions.get(key).map(|s| (s, key));
+        let tracked = self.tracked(o.call).ok().map(|(key, s)| (s, key));
         let accepted = tracked.is_some();
         if o.outcome != Outcome::ClientError
             && self.config_of(o.call).enabled

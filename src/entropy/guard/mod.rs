@@ -19,6 +19,7 @@ pub use session::{
 };
 
 use crate::error::ConfigError;
+use std::any::Any;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -333,11 +334,19 @@ impl SessionGuard {
     /// A call's session key and state once the MCP server has accepted it; else the client
     /// key of its tenant's unverified pool: the tenant's key, inverted, so it meets a
     /// session's (the tenant's own name as a session among them) only by a 64-bit accident.
+    /// The session table is looked up once per call: the call's [`Record`] keeps what it found.
+    ///
+    /// [`Record`]: crate::call::Record
     fn tracked(&self, call: &Call) -> Result<(u64, Arc<Mutex<Session>>), u64> {
-        let sessions = &self.inner.sessions;
         let key = call.session.key();
-        sessions
-            .get(key)
+        // This guard's name in the record: its shared state's address.
+        let judge = Arc::as_ptr(&self.inner) as usize;
+        call.record()
+            .found(judge, || {
+                let s = self.inner.sessions.get(key)?;
+                Some(s as Arc<dyn Any + Send + Sync>)
+            })
+            .and_then(|s| s.downcast::<Mutex<Session>>().ok())
             .map(|s| (key, s))
             .ok_or_else(|| !call.tenant.key())
     }
@@ -492,5 +501,54 @@ impl Judging for SessionGuard {
 
     fn identify(&self, call: &Call) -> (u64, u64) {
         SessionGuard::identify(self, call)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::Record;
+
+    /// A call as the classifier makes it: its record kept.
+    fn classified(session: &str) -> Call {
+        let mut call = Call::request("tools/call")
+            .with_tool("search")
+            .with_session(SessionId::new(session));
+        call.pipeline.record = Record::kept();
+        call
+    }
+
+    #[tokio::test]
+    async fn a_call_is_judged_as_its_first_lookup_found_it() {
+        let guard = SessionGuard::new(SessionConfig::default()).unwrap();
+        let tenant = Tenant::anonymous();
+        let (a, b) = (SessionId::new("a"), SessionId::new("b"));
+        assert!(guard.accept(&a, &tenant));
+        let pool = !tenant.key();
+        // Found accepted: stays so for the call, though the session is forgotten meanwhile.
+        let on_a = classified("a");
+        assert_eq!(guard.identify(&on_a), (a.key(), a.key()));
+        guard.inner.sessions.retain(|_| false);
+        assert_eq!(guard.identify(&on_a), (a.key(), a.key()));
+        assert_eq!(guard.allowance(&on_a).0, a.key());
+        // A call built by hand, a copy and a new call are looked up afresh.
+        let by_hand = Call::request("tools/call")
+            .with_tool("search")
+            .with_session(a.clone());
+        assert_eq!(guard.identify(&by_hand), (pool, UNVERIFIED_VOTER));
+        assert_eq!(guard.identify(&on_a.clone()), (pool, UNVERIFIED_VOTER));
+        assert_eq!(guard.identify(&classified("a")), (pool, UNVERIFIED_VOTER));
+        // Found unaccepted: stays in its tenant's pool for the call, though its id is accepted
+        // while it runs (the state it was charged to is the one it is judged as).
+        let on_b = classified("b");
+        assert_eq!(guard.identify(&on_b), (pool, UNVERIFIED_VOTER));
+        assert!(guard.accept(&b, &tenant));
+        assert_eq!(guard.identify(&on_b), (pool, UNVERIFIED_VOTER));
+        assert_eq!(guard.identify(&classified("b")), (b.key(), b.key()));
+        // Another guard does not read this one's record.
+        let other = SessionGuard::new(SessionConfig::default()).unwrap();
+        assert_eq!(other.identify(&on_a), (pool, UNVERIFIED_VOTER));
+        assert!(other.accept(&b, &tenant));
+        assert_eq!(other.identify(&on_b), (b.key(), b.key()));
     }
 }
