@@ -135,15 +135,22 @@ pub(crate) const PERIOD_CLIENTS: usize = 32;
 pub(crate) struct CommonBaseline {
     /// Values of the last completed periods that had samples, oldest first.
     done: std::collections::VecDeque<f64>,
-    /// The period in progress: its index, and per client its sum and count.
+    /// The period in progress: its index, and per client its sum, count and mean, ordered by
+    /// the mean (so a median is read, not selected).
     period: u64,
-    clients: Vec<(u64, f64, u64)>,
-    /// The period in progress's value while no period has ended (what [`value`](Self::value)
-    /// reads then), kept current by each record. Later periods' values are computed once, as
-    /// each ends: a record is then one selection cheaper.
-    first: Option<f64>,
+    clients: Vec<PeriodClient>,
     /// Samples recorded, up to [`MIN_SAMPLES`].
     seen: u32,
+}
+
+/// One client of a [`CommonBaseline`]'s period in progress.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct PeriodClient {
+    id: u64,
+    sum: f64,
+    count: u64,
+    /// `sum / count`.
+    mean: f64,
 }
 
 impl CommonBaseline {
@@ -157,21 +164,42 @@ impl CommonBaseline {
                 }
                 self.done.push_back(v);
             }
-            self.first = None;
             self.period = period;
             self.clients.clear();
         }
-        if let Some(c) = self.clients.iter_mut().find(|c| c.0 == client) {
-            c.1 += secs;
-            c.2 += 1;
-        } else if self.clients.len() < PERIOD_CLIENTS {
-            self.clients.push((client, secs, 1));
-        } else {
-            return; // counts from the next period
-        }
+        let at = match self.clients.iter().position(|c| c.id == client) {
+            Some(at) => {
+                let c = &mut self.clients[at];
+                c.sum += secs;
+                c.count += 1;
+                c.mean = c.sum / c.count as f64;
+                at
+            }
+            None if self.clients.len() < PERIOD_CLIENTS => {
+                self.clients.push(PeriodClient {
+                    id: client,
+                    sum: secs,
+                    count: 1,
+                    mean: secs,
+                });
+                self.clients.len() - 1
+            }
+            None => return, // counts from the next period
+        };
+        self.reorder(at);
         self.seen = (self.seen + 1).min(MIN_SAMPLES);
-        if self.done.is_empty() {
-            self.first = self.upper_median();
+    }
+
+    /// Moves the client at `at`, whose mean just changed, to its place in the order.
+    fn reorder(&mut self, mut at: usize) {
+        let c = &mut self.clients;
+        while at > 0 && c[at - 1].mean.total_cmp(&c[at].mean).is_gt() {
+            c.swap(at - 1, at);
+            at -= 1;
+        }
+        while at + 1 < c.len() && c[at].mean.total_cmp(&c[at + 1].mean).is_gt() {
+            c.swap(at, at + 1);
+            at += 1;
         }
     }
 
@@ -185,19 +213,9 @@ impl CommonBaseline {
         before
     }
 
-    /// The period in progress: the upper median of its clients' means (a selection, not a
-    /// sort).
+    /// The period in progress: the upper median of its clients' means.
     fn upper_median(&self) -> Option<f64> {
-        let mut means = [0.0; PERIOD_CLIENTS];
-        let n = self.clients.len();
-        for (m, c) in means.iter_mut().zip(&self.clients) {
-            *m = c.1 / c.2 as f64;
-        }
-        let means = &mut means[..n];
-        if n == 0 {
-            return None;
-        }
-        Some(*means.select_nth_unstable_by(n / 2, f64::total_cmp).1)
+        self.clients.get(self.clients.len() / 2).map(|c| c.mean)
     }
 
     /// What the tool's other clients see now: the upper median of the mean service times
@@ -205,16 +223,17 @@ impl CommonBaseline {
     /// there are at least two of them. A slowdown most clients see at once is the backend's;
     /// one client's alone is its own.
     pub(crate) fn seen_by_others(&self, client: u64) -> Option<f64> {
-        let mut means = [0.0; PERIOD_CLIENTS];
-        let mut n = 0;
-        for c in self.clients.iter().filter(|c| c.0 != client) {
-            means[n] = c.1 / c.2 as f64;
-            n += 1;
-        }
-        if n < 2 {
+        let n = self.clients.len();
+        let (others, skip) = match self.clients.iter().position(|c| c.id == client) {
+            Some(at) => (n - 1, at),
+            None => (n, n),
+        };
+        if others < 2 {
             return None;
         }
-        Some(*means[..n].select_nth_unstable_by(n / 2, f64::total_cmp).1)
+        // The others in order are the clients without the one at `skip`.
+        let k = others / 2;
+        Some(self.clients[if k < skip { k } else { k + 1 }].mean)
     }
 
     /// The baseline in seconds, `None` before [`MIN_SAMPLES`] samples.
@@ -223,7 +242,7 @@ impl CommonBaseline {
             return None;
         }
         if self.done.is_empty() {
-            self.first
+            self.upper_median()
         } else {
             self.done.iter().copied().reduce(f64::min)
         }
@@ -568,6 +587,45 @@ mod tests {
                 };
                 let expected = (counted >= MIN_SAMPLES).then_some(expected);
                 prop_assert_eq!(b.value(), expected);
+            }
+        }
+
+        /// What the other clients see, against a naive reference: the upper median, by a
+        /// sort, of the means of the period in progress's counted clients but the one asking,
+        /// with at least two of them; asked by a counted client and by one that is not.
+        #[test]
+        fn seen_by_others_is_the_upper_median_of_the_others_means(
+            samples in proptest::collection::vec((0u64..100, 0u64..40, 1u64..1000), 1..300),
+            asking in proptest::collection::vec(0u64..45, 1..4),
+        ) {
+            let mut samples = samples;
+            samples.sort_by_key(|s| s.0);
+            let mut b = CommonBaseline::default();
+            let mut period = None;
+            let mut clients: Vec<(u64, f64, u64)> = Vec::new();
+            for &(t, client, ms) in &samples {
+                let secs = ms as f64 / 1e3;
+                b.record(Duration::from_secs(t), client, secs);
+                let p = t / BASELINE_PERIOD.as_secs();
+                if period != Some(p) {
+                    period = Some(p);
+                    clients.clear();
+                }
+                match clients.iter().position(|e| e.0 == client) {
+                    Some(i) => { clients[i].1 += secs; clients[i].2 += 1; }
+                    None if clients.len() < PERIOD_CLIENTS => clients.push((client, secs, 1)),
+                    None => {}
+                }
+                for &who in asking.iter().chain([client].iter()) {
+                    let mut means: Vec<f64> = clients
+                        .iter()
+                        .filter(|e| e.0 != who)
+                        .map(|e| e.1 / e.2 as f64)
+                        .collect();
+                    means.sort_by(f64::total_cmp);
+                    let expected = (means.len() >= 2).then(|| means[means.len() / 2]);
+                    prop_assert_eq!(b.seen_by_others(who), expected);
+                }
             }
         }
     }
