@@ -3,26 +3,27 @@
 //!
 //! The session guard judges who a call's client is (its accepted session, or its tenant's
 //! unverified pool) for itself, the budget (its allowance and its census) and the breakers;
-//! each asks once or twice per call. The record keeps what the first ask found, so a call
-//! costs one lookup of the guard's session table, and every stage judges the call as the
-//! one it was charged to, even if its id is accepted while it runs.
+//! each asks once or twice per call. Once an ask finds the call's accepted session, the record
+//! keeps it, so such a call costs one lookup of the guard's session table. A call on an id
+//! not yet accepted finds nothing to keep and looks again on each ask (it is not the hot path,
+//! and its id may be accepted while it runs: the stages after see it accepted).
 //!
 //! The record is opaque here (the judge's own state, behind [`Any`]) and tagged with the judge
 //! that found it: another judge reading it looks up its own, every time. Only the calls the
 //! classifier makes keep a record; a call built by hand ([`Call::request`](crate::Call)) may be
-//! asked about again after its id is accepted, so it is looked up on every ask. A copy of a
-//! call starts with an empty record: a copy may carry another session (the one the server
+//! asked about again after its session is forgotten, so it is looked up on every ask. A copy of
+//! a call starts with an empty record: a copy may carry another session (the one the server
 //! minted for an `initialize`).
 
 use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-/// A judge's own record of a client, opaque to the call.
+/// A judge's own record of a client, opaque to the call: `None` when it has none.
 pub(crate) type Found = Option<Arc<dyn Any + Send + Sync>>;
 
-/// What the first ask found, and which judge asked (see the [module docs](self)).
-pub(crate) struct Record(Option<OnceLock<(usize, Found)>>);
+/// The record the first ask found, and which judge asked (see the [module docs](self)).
+pub(crate) struct Record(Option<OnceLock<(usize, Arc<dyn Any + Send + Sync>)>>);
 
 impl Record {
     /// A record kept for the call's whole pass through the stack.
@@ -31,17 +32,23 @@ impl Record {
     }
 
     /// What `judge` (any number naming the judge, the same on every ask) finds for the call:
-    /// what it found on its first ask, else `find`'s answer, kept if this is the first ask and
-    /// the record is kept.
+    /// the record it found on an earlier ask, else `find`'s answer, kept if it is a record and
+    /// the first kept.
     pub(crate) fn found(&self, judge: usize, find: impl FnOnce() -> Found) -> Found {
         let Some(kept) = &self.0 else {
             return find();
         };
         if let Some((by, found)) = kept.get() {
-            return if *by == judge { found.clone() } else { find() };
+            return if *by == judge {
+                Some(found.clone())
+            } else {
+                find()
+            };
         }
         let found = find();
-        let _ = kept.set((judge, found.clone()));
+        if let Some(record) = &found {
+            let _ = kept.set((judge, record.clone()));
+        }
         found
     }
 }
@@ -103,10 +110,11 @@ mod tests {
         assert_eq!(value(&r.found(2, || find(9))), Some(9));
         assert_eq!(value(&r.found(2, || find(10))), Some(10));
         assert_eq!(finds.get(), 3);
-        // Nothing found is kept too.
+        // Nothing found is not kept: the next ask looks again.
         let none = Record::kept();
         assert_eq!(value(&none.found(1, || None)), None);
-        assert_eq!(value(&none.found(1, || record(3))), None);
+        assert_eq!(value(&none.found(1, || record(3))), Some(3));
+        assert_eq!(value(&none.found(1, || record(4))), Some(3));
     }
 
     #[test]

@@ -334,7 +334,7 @@ impl SessionGuard {
     /// A call's session key and state once the MCP server has accepted it; else the client
     /// key of its tenant's unverified pool: the tenant's key, inverted, so it meets a
     /// session's (the tenant's own name as a session among them) only by a 64-bit accident.
-    /// The session table is looked up once per call: the call's [`Record`] keeps what it found.
+    /// Once found, the session is kept in the call's [`Record`]: one lookup per call.
     ///
     /// [`Record`]: crate::call::Record
     fn tracked(&self, call: &Call) -> Result<(u64, Arc<Mutex<Session>>), u64> {
@@ -538,13 +538,12 @@ mod tests {
         assert_eq!(guard.identify(&by_hand), (pool, UNVERIFIED_VOTER));
         assert_eq!(guard.identify(&on_a.clone()), (pool, UNVERIFIED_VOTER));
         assert_eq!(guard.identify(&classified("a")), (pool, UNVERIFIED_VOTER));
-        // Found unaccepted: stays in its tenant's pool for the call, though its id is accepted
-        // while it runs (the state it was charged to is the one it is judged as).
+        // Not accepted yet: looked up again, so an id accepted while its call runs is judged
+        // accepted by the stages after.
         let on_b = classified("b");
         assert_eq!(guard.identify(&on_b), (pool, UNVERIFIED_VOTER));
         assert!(guard.accept(&b, &tenant));
-        assert_eq!(guard.identify(&on_b), (pool, UNVERIFIED_VOTER));
-        assert_eq!(guard.identify(&classified("b")), (b.key(), b.key()));
+        assert_eq!(guard.identify(&on_b), (b.key(), b.key()));
         // Another guard does not read this one's record.
         let other = SessionGuard::new(SessionConfig::default()).unwrap();
         assert_eq!(other.identify(&on_a), (pool, UNVERIFIED_VOTER));
