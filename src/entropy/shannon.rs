@@ -4,16 +4,25 @@
 /// incrementally: with `N = sum(c_i)` and `S = sum(c_i log2 c_i)`, `H = log2 N - S / N`, and a
 /// change of one count touches one term of `S`. Never recomputed over all keys.
 ///
-///
 /// The counts live in a small vector scanned linearly: a session window holds a few dozen keys
-/// at most (its `max_keys`), and one compact allocation beats a hash table for that size.
+/// at most (its `max_keys`), and one compact allocation beats a hash table for that size. Each
+/// count carries a note of its owner's (the window's: where the key's latest entry is), in
+/// what would be the count's padding, so the owner finds both with one scan.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Shannon {
-    counts: Vec<(u64, u32)>,
+    counts: Vec<Count>,
     /// Calls counted as keys of their own without being stored (see [`Shannon::add_single`]).
     singles: u64,
     total: u64,
     sum_c_log_c: f64,
+}
+
+/// One key's count, and its owner's note on it.
+#[derive(Debug, Clone, Copy)]
+struct Count {
+    key: u64,
+    count: u32,
+    note: u32,
 }
 
 fn c_log_c(c: u32) -> f64 {
@@ -27,28 +36,49 @@ fn c_log_c(c: u32) -> f64 {
 
 impl Shannon {
     /// Adds `weight` to `key`'s count.
+    #[cfg(test)]
     pub(crate) fn add(&mut self, key: u64, weight: u32) {
+        self.add_at(self.find(key), key, weight);
+    }
+
+    /// Where `key`'s count is, if it is stored (non-zero).
+    pub(crate) fn find(&self, key: u64) -> Option<usize> {
+        self.counts.iter().position(|c| c.key == key)
+    }
+
+    /// Adds `weight` to `key`'s count, found at `at` by [`find`](Self::find) (`None`: not
+    /// stored, so stored now with its note 0), and returns where it is; `None` for a weight of
+    /// 0, which changes nothing.
+    pub(crate) fn add_at(&mut self, at: Option<usize>, key: u64, weight: u32) -> Option<usize> {
         if weight == 0 {
-            return;
+            return at;
         }
-        let c = match self.counts.iter().position(|(k, _)| *k == key) {
-            Some(i) => &mut self.counts[i].1,
-            None => {
-                self.counts.push((key, 0));
-                &mut self.counts.last_mut().expect("just pushed").1
-            }
-        };
+        let at = at.unwrap_or_else(|| {
+            self.counts.push(Count {
+                key,
+                count: 0,
+                note: 0,
+            });
+            self.counts.len() - 1
+        });
+        let c = &mut self.counts[at].count;
         self.sum_c_log_c += c_log_c(*c + weight) - c_log_c(*c);
         *c += weight;
         self.total += u64::from(weight);
+        Some(at)
+    }
+
+    /// The owner's note on the count at `at`.
+    pub(crate) fn note(&mut self, at: usize) -> &mut u32 {
+        &mut self.counts[at].note
     }
 
     /// Takes `weight` back from `key`'s count (never below zero).
     pub(crate) fn remove(&mut self, key: u64, weight: u32) {
-        let Some(i) = self.counts.iter().position(|(k, _)| *k == key) else {
+        let Some(i) = self.find(key) else {
             return;
         };
-        let c = &mut self.counts[i].1;
+        let c = &mut self.counts[i].count;
         let w = weight.min(*c);
         self.sum_c_log_c += c_log_c(*c - w) - c_log_c(*c);
         *c -= w;
@@ -98,11 +128,6 @@ impl Shannon {
     /// Distinct keys stored.
     pub(crate) fn stored(&self) -> usize {
         self.counts.len()
-    }
-
-    /// Whether `key` has a non-zero count.
-    pub(crate) fn contains(&self, key: u64) -> bool {
-        self.counts.iter().any(|(k, _)| *k == key)
     }
 
     /// The sum of all counts.
