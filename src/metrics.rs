@@ -138,7 +138,7 @@ use ::metrics::{Counter, Histogram, SharedString};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 use crate::bounded::{Bounded, key_of};
-use crate::call::Call;
+use crate::call::{Call, CallKind};
 use crate::outcome::{Observation, Observer, Outcome};
 use crate::rejection::Rejection;
 
@@ -286,6 +286,21 @@ pub fn prometheus_builder() -> PrometheusBuilder {
             metrics_util::MetricKindMask::GAUGE,
             Some(GAUGE_IDLE_TIMEOUT),
         )
+}
+
+/// `stormgate_messages_total` by message kind, each handle resolved when first used (so it
+/// belongs to the recorder installed then, as [`CallMetrics`]' handles do): counting a
+/// classified message is one increment, not a lookup in the recorder's registry.
+#[derive(Debug, Default)]
+pub(crate) struct MessageCounts([OnceLock<Counter>; 4]);
+
+impl MessageCounts {
+    /// Counts one message of `kind`.
+    pub(crate) fn count(&self, kind: CallKind) {
+        self.0[kind as usize]
+            .get_or_init(|| ::metrics::counter!(MESSAGES, "kind" => kind.as_str()))
+            .increment(1);
+    }
 }
 
 /// The observer that counts calls by tenant, tool and result, times them per tool, and counts

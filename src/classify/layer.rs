@@ -17,6 +17,7 @@ use super::names::Names;
 use crate::call::Refusals;
 use crate::call::{DefaultIdentity, Identify};
 use crate::cost::Costs;
+use crate::metrics::MessageCounts;
 use crate::outcome::{Observer, Observers};
 use crate::policy::Switch;
 use crate::protocol::ProtocolVersion;
@@ -108,6 +109,8 @@ pub(crate) struct Settings {
     pub(crate) schemas: Arc<ToolSchemas>,
     /// The names calls carry, shared; kept across reloads.
     pub(crate) names: Arc<Names>,
+    /// The classified messages' counters; kept across reloads.
+    pub(crate) messages: Arc<MessageCounts>,
     /// The snapshot each request loads at its head, when a `Control` built the stack.
     pub(crate) snapshots: Option<Arc<ArcSwap<Snapshot>>>,
 }
@@ -138,6 +141,7 @@ impl ClassifyLayer {
                 buffering: Buffering::new(),
                 schemas: Arc::default(),
                 names: Arc::default(),
+                messages: Arc::default(),
                 snapshots: None,
             })),
         }

@@ -183,8 +183,7 @@ pub(super) fn classified(
     match classify(&parts, &body, shared, snapshot) {
         Ok(calls) => {
             for call in calls.iter() {
-                ::metrics::counter!(crate::metrics::MESSAGES, "kind" => call.kind.as_str())
-                    .increment(1);
+                shared.messages.count(call.kind);
                 if call.header_mismatch {
                     ::metrics::counter!(crate::metrics::HEADER_MISMATCH).increment(1);
                 }
