@@ -155,8 +155,9 @@ fn config() -> Config {
     config.tenants.min_budget = Some(NonNegative::new(HUGE / 100.0).unwrap());
     config.sessions.base_budget = Positive::new(HUGE).unwrap();
     config.sessions.burst = Positive::new(HUGE).unwrap();
-    // Every session is accepted at its first answer, as a real server's sessions are at
-    // `initialize`: the session table is measured, not the tenant's unverified pool.
+    // Room for every session to be accepted (`warmed_with` accepts them, as a real server's
+    // sessions are at `initialize`): the session table is measured, not the tenant's
+    // unverified pool.
     config.sessions.new_session_burst = AtLeastOne::new(HUGE).unwrap();
     config
 }
@@ -245,6 +246,12 @@ fn warmed_with(
     let control = Control::new(config).unwrap();
     control.set_mode(mode);
     let protected = control.wrap(inner);
+    // Every session accepted, as a real server's are at `initialize` (a call on an id the
+    // server has not accepted never makes it a session of its own).
+    for s in sessions {
+        let id = SessionId::new(s.to_str().unwrap());
+        assert!(control.stages().sessions.accept(&id, &Tenant::anonymous()));
+    }
     assert_admitted(rt, &protected, sessions);
     control.stages().budget.tick();
     assert_admitted(rt, &protected, sessions);
