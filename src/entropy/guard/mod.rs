@@ -21,6 +21,7 @@ pub use session::{
 use crate::error::ConfigError;
 use std::any::Any;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use crate::snapshot::{Live, Read};
@@ -75,6 +76,9 @@ pub struct SessionGuard {
 }
 
 struct Inner {
+    /// This guard's name in a call's record ([`Record`](crate::call::Record)), like no other
+    /// guard's of the process.
+    judge: usize,
     switch: Switch,
     /// The settings, swapped whole by a reload.
     config: Live<SessionConfig>,
@@ -119,8 +123,10 @@ impl SessionGuard {
     /// A guard with these settings that follows the kill switch `switch`.
     pub fn with_switch(config: SessionConfig, switch: Switch) -> Result<Self, ConfigError> {
         config.validate()?;
+        static NEXT_JUDGE: AtomicUsize = AtomicUsize::new(1);
         let guard = SessionGuard {
             inner: Arc::new(Inner {
+                judge: NEXT_JUDGE.fetch_add(1, Ordering::Relaxed),
                 overflow: Arc::new(Pool::new(&Tenant::new(OVERFLOW), &config, 0)),
                 switch,
                 epoch: Instant::now(),
@@ -339,10 +345,8 @@ impl SessionGuard {
     /// [`Record`]: crate::call::Record
     fn tracked(&self, call: &Call) -> Result<(u64, Arc<Mutex<Session>>), u64> {
         let key = call.session.key();
-        // This guard's name in the record: its shared state's address.
-        let judge = Arc::as_ptr(&self.inner) as usize;
         call.record()
-            .found(judge, || {
+            .found(self.inner.judge, || {
                 let s = self.inner.sessions.get(key)?;
                 Some(s as Arc<dyn Any + Send + Sync>)
             })
@@ -519,7 +523,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_call_is_judged_as_its_first_lookup_found_it() {
+    async fn a_call_found_accepted_is_judged_so_for_the_whole_call() {
         let guard = SessionGuard::new(SessionConfig::default()).unwrap();
         let tenant = Tenant::anonymous();
         let (a, b) = (SessionId::new("a"), SessionId::new("b"));
