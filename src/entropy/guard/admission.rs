@@ -59,15 +59,20 @@ impl Admission for SessionGuard {
         let now = self.now();
         let key = self.resource_key(call);
         let cost = f64::from(call.cost().max(1));
-        let (entry, pool) = self.state(call);
         // On an id the server has not accepted: how the call stands against its id's wait.
         // One that comes before it is charged to and judged by the pool's early state, so
         // clients calling through their hints do not storm the pool for the tenant's others.
         let id = call.session.key();
-        let standing = pool.as_ref().map(|_| self.inner.returning.arrive(id, now));
-        let entry = match &pool {
-            Some(p) => p.charged(standing == Some(Standing::Early)),
-            None => entry,
+        let (entry, pool, standing) = match self.state(call) {
+            Ok(s) => (s, None, None),
+            Err(p) => {
+                let standing = self.inner.returning.arrive(id, now);
+                (
+                    p.charged(standing == Standing::Early),
+                    Some(p),
+                    Some(standing),
+                )
+            }
         };
         let returning = standing == Some(Standing::Returned);
         let mut s = lock(&entry);

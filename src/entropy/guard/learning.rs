@@ -170,10 +170,9 @@ impl Observer for SessionGuard {
         let window = config.window_size.get().as_secs_f64();
         let before = matches!(r.scope(), Scope::Global | Scope::Tenant);
         let key = if before { self.resource_key(call) } else { 0 };
-        let (entry, pool) = self.state(call);
-        let entry = match pool {
-            Some(pool) => self.charged(&pool, call, now),
-            None => entry,
+        let entry = match self.state(call) {
+            Ok(s) => s,
+            Err(pool) => self.charged(&pool, call, now),
         };
         let mut s = lock(&entry);
         if before {

@@ -267,15 +267,13 @@ impl SessionGuard {
             .unwrap_or_else(|| self.inner.overflow.clone())
     }
 
-    /// The state a call is charged to and judged by: its session's, once the MCP server has
-    /// accepted the session, else its tenant's unverified pool's (with the pool).
-    fn state(&self, call: &Call) -> (Arc<Mutex<Session>>, Option<Arc<Pool>>) {
+    /// Where a call is charged and judged: its session's state, once the MCP server has
+    /// accepted the session, else its tenant's unverified pool (whose state it is charged to
+    /// depends on the call: [`Pool::charged`]).
+    fn state(&self, call: &Call) -> Result<Arc<Mutex<Session>>, Arc<Pool>> {
         match self.tracked(call) {
-            Ok((_, s)) => (s, None),
-            Err(_) => {
-                let pool = self.pool(&call.tenant);
-                (pool.state.clone(), Some(pool))
-            }
+            Ok((_, s)) => Ok(s),
+            Err(_) => Err(self.pool(&call.tenant)),
         }
     }
 

@@ -24,9 +24,9 @@ const SLOTS: usize = 1 << 16;
 /// clock's wrap (49 days), and its wait as over.
 const LONGEST_WAIT_MS: u32 = 3_600_000;
 
-/// The ids that came back as told. Each slot holds 30 bits of its id's key (16 others pick the
-/// slot), whether its last call came back as told, and when it was last told
-/// to come back, in ms since the guard began (wrapping).
+/// The ids that came back as told. Each slot holds 29 bits of its id's key (its lowest 16
+/// pick the slot) and a mark that it is in use, how its last call stood, and when it was last
+/// told to come back, in ms since the guard began (wrapping).
 pub(super) struct Returning {
     slots: Box<[AtomicU64]>,
 }
