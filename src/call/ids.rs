@@ -242,14 +242,6 @@ pub(crate) fn bounded(id: &str) -> Cow<'_, str> {
     Cow::Owned(format!("~{:016x}", h.finish()))
 }
 
-/// [`bounded`], of a shared name: the name itself (shared, not copied) when it fits.
-pub(crate) fn bounded_name(name: &Arc<str>) -> Arc<str> {
-    match bounded(name) {
-        Cow::Borrowed(_) => name.clone(),
-        Cow::Owned(hashed) => hashed.into(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,8 +26,8 @@ mod pipeline;
 mod record;
 
 pub use identity::{CLIENT_INFO_META_KEY, CredentialKey, DefaultIdentity, Identify, Meta};
+pub(crate) use ids::bounded;
 pub use ids::{MAX_ID_LEN, Name, RequestId, SessionId, Tenant};
-pub(crate) use ids::{bounded, bounded_name};
 pub(crate) use pipeline::Pipeline;
 pub(crate) use record::Record;
 

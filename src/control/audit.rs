@@ -1,6 +1,6 @@
 //! The per-session invocation audit: the recent calls of a session with their queue wait.
 
-use std::collections::VecDeque;
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -8,10 +8,10 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::bounded::Bounded;
-use crate::call::{Call, SessionId, bounded_name};
+use crate::call::{Call, SessionId, bounded};
 use crate::entropy::SessionGuard;
-use crate::outcome::{Observation, Observer};
-use crate::rejection::Rejection;
+use crate::outcome::{Observation, Observer, Outcome};
+use crate::rejection::{Reason, Rejection};
 
 /// Invocations kept per session.
 pub const AUDIT_PER_SESSION: usize = 50;
@@ -60,7 +60,141 @@ pub struct Audit {
 /// One session's recent calls.
 struct Log {
     session: SessionId,
-    calls: Mutex<VecDeque<Invocation>>,
+    calls: Mutex<Recent>,
+}
+
+/// A session's last [`AUDIT_PER_SESSION`] calls, oldest first once the ring is full.
+///
+/// An entry is plain data (its names are places in the log's own table), so recording a call
+/// writes its entry over the oldest without reading it: no shared name's reference count is
+/// written per call. Its entries take at most 2 000 bytes (50 of 40).
+#[derive(Default)]
+struct Recent {
+    entries: Vec<Entry>,
+    /// Where the next entry goes once the ring is full (the oldest entry).
+    next: usize,
+    /// The names the entries refer to. Names no entry refers to any more are forgotten when
+    /// the table is full ([`NAMES`] places; the entries refer to at most 100).
+    names: Vec<Arc<str>>,
+}
+
+/// The places in a log's table of names. Its 50 entries refer to at most 100 names, so a full
+/// table always has names to forget.
+const NAMES: usize = 128;
+
+/// No name.
+const NO_NAME: u8 = u8::MAX;
+
+/// One call as a log keeps it (its names as places in the log's table).
+#[derive(Clone, Copy)]
+struct Entry {
+    at_ms: u64,
+    queue_wait_ms: u64,
+    service_ms: Option<u64>,
+    method: u8,
+    target: u8,
+    outcome: Option<Outcome>,
+    rejection: Option<Reason>,
+}
+
+impl Recent {
+    /// Records `entry`, named `method` and `target`, over the oldest entry once full.
+    fn push(&mut self, method: Option<&Arc<str>>, target: Option<&Arc<str>>, mut entry: Entry) {
+        if self.names.len() + 2 > NAMES {
+            self.forget_unused();
+        }
+        entry.method = self.place(method);
+        entry.target = self.place(target);
+        let len = self.entries.len();
+        if len < AUDIT_PER_SESSION {
+            if len == self.entries.capacity() {
+                // Grown as a `Vec` grows, but never past the ring's size.
+                self.entries
+                    .reserve_exact(len.max(4).min(AUDIT_PER_SESSION - len));
+            }
+            self.entries.push(entry);
+        } else {
+            self.entries[self.next] = entry;
+            self.next = (self.next + 1) % AUDIT_PER_SESSION;
+        }
+    }
+
+    /// The place of `name` in the table, added if it is not there yet (there is room: see
+    /// [`push`](Self::push)).
+    fn place(&mut self, name: Option<&Arc<str>>) -> u8 {
+        let Some(name) = name else {
+            return NO_NAME;
+        };
+        let text = bounded(name);
+        let found = self
+            .names
+            .iter()
+            .position(|n| Arc::ptr_eq(n, name) || **n == *text);
+        let at = found.unwrap_or_else(|| {
+            self.names.push(match text {
+                Cow::Borrowed(_) => name.clone(),
+                Cow::Owned(hashed) => hashed.into(),
+            });
+            self.names.len() - 1
+        });
+        u8::try_from(at).unwrap_or(NO_NAME)
+    }
+
+    /// Forgets the names no entry refers to but the one written over next (once the ring is
+    /// full), and renumbers the rest: at most 98 are kept, so two new names fit.
+    fn forget_unused(&mut self) {
+        let overwritten = (self.entries.len() == AUDIT_PER_SESSION).then_some(self.next);
+        let mut used = [false; NAMES];
+        for (i, e) in self.entries.iter().enumerate() {
+            if Some(i) != overwritten {
+                for n in [e.method, e.target] {
+                    if n != NO_NAME {
+                        used[usize::from(n)] = true;
+                    }
+                }
+            }
+        }
+        let mut renumbered = [NO_NAME; NAMES];
+        let mut kept = 0;
+        let names = std::mem::take(&mut self.names);
+        for (i, name) in names.into_iter().enumerate() {
+            if used[i] {
+                renumbered[i] = kept;
+                kept += 1;
+                self.names.push(name);
+            }
+        }
+        for e in &mut self.entries {
+            for n in [&mut e.method, &mut e.target] {
+                if *n != NO_NAME {
+                    *n = renumbered[usize::from(*n)];
+                }
+            }
+        }
+    }
+
+    /// The name at `place`.
+    fn name(&self, place: u8) -> Option<Arc<str>> {
+        self.names.get(usize::from(place)).cloned()
+    }
+
+    /// The entries, oldest first.
+    fn invocations(&self) -> Vec<Invocation> {
+        let (newer, older) = self.entries.split_at(self.next);
+        older
+            .iter()
+            .chain(newer)
+            .map(|e| Invocation {
+                at_ms: e.at_ms,
+                method: self.name(e.method),
+                target: self.name(e.target),
+                outcome: e.outcome.map(Outcome::as_str),
+                rejection: e.rejection.map(Reason::as_str),
+                queue_wait_ms: e.queue_wait_ms,
+                service_ms: e.service_ms,
+            })
+            .collect()
+    }
 }
 
 impl std::fmt::Debug for Audit {
@@ -102,15 +236,15 @@ impl Audit {
         }
     }
 
-    fn record(&self, call: &Call, entry: Invocation) {
+    fn record(&self, call: &Call, entry: Entry) {
         let Some(log) = self.log_of(call) else {
             return;
         };
-        let mut calls = log.calls.lock().unwrap_or_else(PoisonError::into_inner);
-        if calls.len() == AUDIT_PER_SESSION {
-            calls.pop_front();
-        }
-        calls.push_back(entry);
+        let target = call.target_name().map(|t| t.shared());
+        log.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(call.method.as_ref(), target, entry);
     }
 
     /// The log of `call`'s session: the one it has, else a new one if the guard tracks the
@@ -129,7 +263,7 @@ impl Audit {
         let make = || {
             Arc::new(Log {
                 session: call.session.clone(),
-                calls: Mutex::new(VecDeque::new()),
+                calls: Mutex::new(Recent::default()),
             })
         };
         self.sessions
@@ -168,15 +302,16 @@ impl Audit {
         self.sessions.is_empty()
     }
 
-    fn entry(&self, call: &Call) -> Invocation {
-        Invocation {
+    /// An entry made now (its names are placed when it is recorded).
+    fn entry(&self) -> Entry {
+        Entry {
             at_ms: ms(self.epoch.elapsed()),
-            method: call.method.as_ref().map(bounded_name),
-            target: call.target_name().map(|t| bounded_name(t.shared())),
-            outcome: None,
-            rejection: None,
             queue_wait_ms: 0,
             service_ms: None,
+            method: NO_NAME,
+            target: NO_NAME,
+            outcome: None,
+            rejection: None,
         }
     }
 
@@ -187,30 +322,115 @@ impl Audit {
             log.calls
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .iter()
-                .cloned()
-                .collect()
+                .invocations()
         })
     }
 }
 
 impl Observer for Audit {
     fn observe(&self, o: &Observation<'_>) {
-        let entry = Invocation {
-            outcome: Some(o.outcome.as_str()),
+        let entry = Entry {
+            outcome: Some(o.outcome),
             queue_wait_ms: ms(o.queue_wait),
             service_ms: Some(ms(o.service_time)),
-            ..self.entry(o.call)
+            ..self.entry()
         };
         self.record(o.call, entry);
     }
 
     fn refused(&self, call: &Call, rejection: &Rejection) {
-        let entry = Invocation {
-            rejection: Some(rejection.reason().as_str()),
+        let entry = Entry {
+            rejection: Some(rejection.reason()),
             queue_wait_ms: rejection.queue_wait_ms(),
-            ..self.entry(call)
+            ..self.entry()
         };
         self.record(call, entry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The name of index `i`: a few short ones, many distinct ones, long ones (kept hashed).
+    fn name(i: u16) -> String {
+        match i % 3 {
+            0 => format!("tool_{}", i % 7),
+            1 => format!("t{i}"),
+            _ => format!("{i}{}", "x".repeat(200)),
+        }
+    }
+
+    #[test]
+    fn a_full_log_takes_2000_bytes_of_entries() {
+        let mut log = Recent::default();
+        let name: Arc<str> = "cache_get".into();
+        for at in 0..(3 * AUDIT_PER_SESSION as u64) {
+            let entry = Entry {
+                at_ms: at,
+                queue_wait_ms: 0,
+                service_ms: Some(1),
+                method: NO_NAME,
+                target: NO_NAME,
+                outcome: Some(Outcome::Ok),
+                rejection: None,
+            };
+            log.push(None, Some(&name), entry);
+        }
+        assert_eq!(log.entries.capacity(), AUDIT_PER_SESSION);
+        assert_eq!(std::mem::size_of::<Entry>() * log.entries.capacity(), 2000);
+        assert_eq!(log.names.len(), 1, "one name, kept once");
+    }
+
+    proptest! {
+        /// A log holds what a plain queue of the last 50 calls with their names (bounded) would,
+        /// oldest first, after every call, however many names pass through it; its table of
+        /// names stays within its places.
+        #[test]
+        fn a_log_is_the_last_calls_in_order(
+            calls in proptest::collection::vec(
+                (proptest::option::of(0u16..400), proptest::option::of(0u16..400), any::<bool>()),
+                0..400,
+            ),
+        ) {
+            let mut log = Recent::default();
+            let mut reference = std::collections::VecDeque::new();
+            // One shared copy of each name, as the classifier's cache hands them out; a fresh
+            // copy now and then (the cache forgot it), which must find the same place.
+            let mut shared: std::collections::HashMap<u16, Arc<str>> = Default::default();
+            for (at, (method, target, fresh)) in calls.into_iter().enumerate() {
+                let mut arc = |i: u16| -> Arc<str> {
+                    if fresh {
+                        Arc::from(name(i))
+                    } else {
+                        shared.entry(i).or_insert_with(|| Arc::from(name(i))).clone()
+                    }
+                };
+                let (m, t) = (method.map(&mut arc), target.map(&mut arc));
+                let entry = Entry {
+                    at_ms: at as u64,
+                    queue_wait_ms: 0,
+                    service_ms: None,
+                    method: NO_NAME,
+                    target: NO_NAME,
+                    outcome: Some(Outcome::Ok),
+                    rejection: None,
+                };
+                log.push(m.as_ref(), t.as_ref(), entry);
+                if reference.len() == AUDIT_PER_SESSION {
+                    reference.pop_front();
+                }
+                let kept = |n: Option<u16>| n.map(|i| bounded(&name(i)).into_owned());
+                reference.push_back((at as u64, kept(method), kept(target)));
+                prop_assert!(log.names.len() <= NAMES);
+                let got: Vec<_> = log
+                    .invocations()
+                    .into_iter()
+                    .map(|i| (i.at_ms, i.method.map(|n| n.to_string()), i.target.map(|n| n.to_string())))
+                    .collect();
+                prop_assert_eq!(got, reference.iter().cloned().collect::<Vec<_>>());
+            }
+        }
     }
 }
