@@ -49,9 +49,10 @@ pin_project! {
         Collecting {
             #[pin]
             collect: Gather<Limited<B>>,
-            // The body deadline, from the request head.
-            #[pin]
-            timeout: Sleep,
+            // The body deadline, from the first poll that found the body still coming (when
+            // the server first polls the request, at its head). Made then, not before: most
+            // bodies are whole at the first poll, and a timer costs a clock read to make.
+            timeout: Option<Pin<Box<Sleep>>>,
             parts: Option<Parts>,
             inner: S,
             shared: Arc<Settings>,
@@ -106,7 +107,7 @@ where
         ResponseFuture {
             state: State::Collecting {
                 collect,
-                timeout: tokio::time::sleep(shared.body_timeout),
+                timeout: None,
                 parts: Some(parts),
                 inner,
                 shared,
@@ -143,7 +144,10 @@ where
                     let collected = match collect.poll(cx) {
                         Poll::Ready(collected) => collected,
                         Poll::Pending => {
-                            ready!(timeout.poll(cx));
+                            let timeout = timeout.get_or_insert_with(|| {
+                                Box::pin(tokio::time::sleep(shared.body_timeout))
+                            });
+                            ready!(timeout.as_mut().poll(cx));
                             return Poll::Ready(Ok(too_slow(shared.body_timeout)));
                         }
                     };
