@@ -65,6 +65,7 @@ fn outcome(c: &mut Criterion) {
         service_time: Duration::from_millis(12),
         response_bytes: 512,
         queue_wait: Duration::ZERO,
+        at: tokio::time::Instant::now(),
     };
     let mut n = 0u64;
     c.bench_function("budget: record one outcome", |bench| {
@@ -104,6 +105,7 @@ fn outcome_two_threads(c: &mut Criterion) {
                                 service_time: Duration::from_millis(12),
                                 response_bytes: 512,
                                 queue_wait: Duration::ZERO,
+                                at: tokio::time::Instant::now(),
                             };
                             start.wait();
                             let t = std::time::Instant::now();

@@ -336,6 +336,7 @@ mod tests {
             service_time: Duration::from_millis(ms),
             response_bytes: bytes,
             queue_wait: Duration::ZERO,
+            at: tokio::time::Instant::now(),
         });
     }
 
@@ -410,6 +411,7 @@ mod tests {
                 service_time: Duration::from_micros(350),
                 response_bytes: 200,
                 queue_wait: Duration::ZERO,
+                at: tokio::time::Instant::now(),
             });
             observe(&costs, "vector_search", 50, 600);
         }

@@ -459,6 +459,7 @@ mod tests {
                         service_time: Duration::from_millis(1),
                         response_bytes: 0,
                         queue_wait: Duration::ZERO,
+                        at: tokio::time::Instant::now(),
                     });
                 }
             }

@@ -41,6 +41,7 @@ fn ran(b: &CircuitBreakers, tool: &str, outcome: Outcome, client: usize) {
         service_time: Duration::from_millis(20),
         response_bytes: 10,
         queue_wait: Duration::ZERO,
+        at: tokio::time::Instant::now(),
     });
 }
 

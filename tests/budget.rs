@@ -400,6 +400,7 @@ fn finish(budget: &Budget, n: usize, outcome: stormgate::outcome::Outcome, servi
             service_time,
             response_bytes: 0,
             queue_wait: Duration::ZERO,
+            at: tokio::time::Instant::now(),
         });
     }
 }
@@ -451,6 +452,7 @@ fn finish_as(
         service_time: Duration::from_millis(ms),
         response_bytes: 0,
         queue_wait: Duration::ZERO,
+        at: tokio::time::Instant::now(),
     });
 }
 
@@ -680,6 +682,7 @@ async fn calls_on_ids_the_server_has_not_accepted_are_one_vote_on_a_tools_latenc
             service_time: Duration::from_millis(ms),
             response_bytes: 0,
             queue_wait: Duration::ZERO,
+            at: tokio::time::Instant::now(),
         })
     };
     for i in 0..600 {

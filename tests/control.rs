@@ -126,6 +126,7 @@ fn observe(control: &Control, failed: bool) {
         service_time: ms(100),
         response_bytes: 10,
         queue_wait: Duration::ZERO,
+        at: tokio::time::Instant::now(),
     });
 }
 

@@ -68,6 +68,7 @@ async fn send(
             service_time: latency,
             response_bytes: 100,
             queue_wait: Duration::ZERO,
+            at: tokio::time::Instant::now(),
         });
     }
     Step {
@@ -404,6 +405,7 @@ async fn work_slow_by_nature_is_not_distress_but_costs_the_time_it_holds() {
                     service_time: ms(600),
                     response_bytes: 100,
                     queue_wait: Duration::ZERO,
+                    at: tokio::time::Instant::now(),
                 });
                 ms(200)
             }
@@ -526,6 +528,7 @@ async fn unaccepted_ids_share_one_vote_on_a_tools_latency() {
             service_time: ms(1),
             response_bytes: 100,
             queue_wait: Duration::ZERO,
+            at: tokio::time::Instant::now(),
         });
         if step % 100 == 0 && step >= 100 {
             for c in [&victim, &other] {

@@ -84,6 +84,7 @@ fn fail_sql_scan(control: &stormgate::control::Control) {
             service_time: Duration::from_millis(1),
             response_bytes: 0,
             queue_wait: Duration::ZERO,
+            at: tokio::time::Instant::now(),
         });
     }
 }

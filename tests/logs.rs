@@ -21,6 +21,7 @@ fn observe(o: &dyn Observer, call: &Call, outcome: Outcome, ms: u64) {
         service_time: Duration::from_millis(ms),
         response_bytes: 10,
         queue_wait: Duration::ZERO,
+        at: tokio::time::Instant::now(),
     });
 }
 

@@ -69,6 +69,7 @@ fn a_session_that_leaves_the_top_n_leaves_the_scrape() {
                 service_time: Duration::from_millis(10),
                 response_bytes: 10,
                 queue_wait: Duration::ZERO,
+                at: tokio::time::Instant::now(),
             });
         }
         g.sweep();

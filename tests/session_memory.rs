@@ -68,6 +68,7 @@ fn bytes_per_tracked_session() {
             service_time: std::time::Duration::from_millis(50),
             response_bytes: 100,
             queue_wait: std::time::Duration::ZERO,
+            at: tokio::time::Instant::now(),
         });
     }
     let stats = region.change();

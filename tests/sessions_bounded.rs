@@ -131,6 +131,7 @@ fn answered(g: &SessionGuard, call: &Call) {
         service_time: Duration::from_millis(10),
         response_bytes: 100,
         queue_wait: Duration::ZERO,
+        at: tokio::time::Instant::now(),
     });
 }
 

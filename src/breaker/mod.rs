@@ -258,7 +258,7 @@ impl Observer for CircuitBreakers {
         let slow = o.service_time >= config.slow_call.get();
         let client = self.inner.clients.of(o.call);
         lock(&breaker).record(
-            self.inner.epoch.elapsed(),
+            o.at.saturating_duration_since(self.inner.epoch),
             (o.outcome.is_failure(), slow, client),
             &config,
         );

@@ -614,7 +614,7 @@ impl Budget {
 impl Observer for Budget {
     fn observe(&self, observation: &Observation<'_>) {
         let inner = &*self.inner;
-        let now = inner.epoch.elapsed();
+        let now = observation.at.saturating_duration_since(inner.epoch);
         inner.global.sampler.observe(
             observation,
             inner.client_keys.identify(observation.call),

@@ -302,10 +302,10 @@ impl Audit {
         self.sessions.is_empty()
     }
 
-    /// An entry made now (its names are placed when it is recorded).
-    fn entry(&self) -> Entry {
+    /// An entry of a call settled `at` (its names are placed when it is recorded).
+    fn entry(&self, at: Instant) -> Entry {
         Entry {
-            at_ms: ms(self.epoch.elapsed()),
+            at_ms: ms(at.saturating_duration_since(self.epoch)),
             queue_wait_ms: 0,
             service_ms: None,
             method: NO_NAME,
@@ -333,7 +333,7 @@ impl Observer for Audit {
             outcome: Some(o.outcome),
             queue_wait_ms: ms(o.queue_wait),
             service_ms: Some(ms(o.service_time)),
-            ..self.entry()
+            ..self.entry(o.at)
         };
         self.record(o.call, entry);
     }
@@ -342,7 +342,7 @@ impl Observer for Audit {
         let entry = Entry {
             rejection: Some(rejection.reason()),
             queue_wait_ms: rejection.queue_wait_ms(),
-            ..self.entry()
+            ..self.entry(Instant::now())
         };
         self.record(call, entry);
     }

@@ -62,10 +62,12 @@ impl Pending {
             }
             _ => call,
         };
+        let at = Instant::now();
         let observation = Observation {
             call,
             outcome,
-            service_time: self.start.elapsed(),
+            service_time: at.saturating_duration_since(self.start),
+            at,
             response_bytes: bytes,
             queue_wait: self.queue_wait,
         };

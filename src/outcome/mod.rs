@@ -106,6 +106,9 @@ pub struct Observation<'a> {
     pub response_bytes: u64,
     /// How long it waited in a FIFO queue before it ran (zero when it did not wait).
     pub queue_wait: Duration,
+    /// When it finished (the answer passed, or the call was otherwise settled): the one
+    /// instant every observer records it at, so none reads the clock again.
+    pub at: tokio::time::Instant,
 }
 
 /// Receives every [`Observation`], and every refusal. Must be cheap and must not block: it

@@ -229,6 +229,7 @@ pub async fn drive(router: &Router, control: &Control) -> Vec<String> {
                 service_time: Duration::from_millis(5),
                 response_bytes: 0,
                 queue_wait: Duration::ZERO,
+                at: tokio::time::Instant::now(),
             },
         );
     }

@@ -27,7 +27,7 @@ impl SessionGuard {
         // The tool's healthy latency learns from every call nothing held back; being the
         // minimum of five minutes' period means, a slowdown does not teach it for five minutes.
         let learns = !cancelled && !o.outcome.is_failure() && o.queue_wait.is_zero();
-        let now = Duration::from_nanos(self.now());
+        let now = Duration::from_nanos(self.at(o.at));
         // Its state and its vote on the tool's latency: its session's, or its tenant's pool
         // and the one vote of every call on an id the server has not accepted.
         let (entry, voter) = match tracked {

@@ -207,7 +207,13 @@ impl SessionGuard {
     }
 
     fn now(&self) -> u64 {
-        u64::try_from(self.inner.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.at(Instant::now())
+    }
+
+    /// `instant` in the guard's time: nanoseconds since its epoch.
+    fn at(&self, instant: Instant) -> u64 {
+        let since = instant.saturating_duration_since(self.inner.epoch);
+        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// The admission stage: `AdmitLayer` over this guard.
