@@ -50,7 +50,7 @@ fn bytes_per_tracked_session() {
     // map.
     assert!(
         per_session < 800.0,
-        "{per_session:.0} bytes per session (docs/sessions.md: 766)"
+        "{per_session:.0} bytes per session (docs/sessions.md: 782)"
     );
     assert!(
         per_session > 200.0,

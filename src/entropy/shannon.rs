@@ -4,13 +4,17 @@
 /// incrementally: with `N = sum(c_i)` and `S = sum(c_i log2 c_i)`, `H = log2 N - S / N`, and a
 /// change of one count touches one term of `S`. Never recomputed over all keys.
 ///
-/// The counts live in a small vector scanned linearly: a session window holds a few dozen keys
-/// at most (its `max_keys`), and one compact allocation beats a hash table for that size. Each
-/// count carries a note of its owner's (the window's: where the key's latest entry is), in
-/// what would be the count's padding, so the owner finds both with one scan.
+/// The counts live in a compact vector, scanned while it holds at most [`SCANNED`] keys; past
+/// that, an open-addressing index of their places (linear probing, at most half full) finds a
+/// key in a slot or two instead of a scan of up to `max_keys` (64 by default: 1 KiB read per
+/// call). Each count carries a note of its owner's (the window's: where the key's latest entry
+/// is), in what would be the count's padding, so the owner finds both at once.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Shannon {
     counts: Vec<Count>,
+    /// The index: each slot a place in `counts` or [`EMPTY`]; a power of two long. Empty (and
+    /// no allocation) while the counts are scanned.
+    slots: Box<[u32]>,
     /// Calls counted as keys of their own without being stored (see [`Shannon::add_single`]).
     singles: u64,
     total: u64,
@@ -24,6 +28,12 @@ struct Count {
     count: u32,
     note: u32,
 }
+
+/// Keys scanned before the counts are indexed: two cache lines of counts.
+const SCANNED: usize = 8;
+
+/// An index slot with no place.
+const EMPTY: u32 = u32::MAX;
 
 fn c_log_c(c: u32) -> f64 {
     if c == 0 {
@@ -43,7 +53,98 @@ impl Shannon {
 
     /// Where `key`'s count is, if it is stored (non-zero).
     pub(crate) fn find(&self, key: u64) -> Option<usize> {
-        self.counts.iter().position(|c| c.key == key)
+        if self.slots.is_empty() {
+            return self.counts.iter().position(|c| c.key == key);
+        }
+        self.slot_of(key).map(|slot| self.slots[slot] as usize)
+    }
+
+    /// The index slot of a key's place. A key's low bits are its home slot: the keys are the
+    /// guard's resource keys, SipHash under a key random per guard, so no client can choose
+    /// keys that crowd one run of slots. The index is at most half full, so a probe meets an
+    /// empty slot.
+    fn slot_of(&self, key: u64) -> Option<usize> {
+        let mask = self.slots.len() - 1;
+        let mut slot = key as usize & mask;
+        loop {
+            let at = self.slots[slot];
+            if at == EMPTY {
+                return None;
+            }
+            if self.counts[at as usize].key == key {
+                return Some(slot);
+            }
+            slot = (slot + 1) & mask;
+        }
+    }
+
+    /// Indexes the count at `at`, just pushed: into a free slot, or by indexing every count
+    /// afresh in twice the slots once the index would be more than half full (or when the
+    /// counts first pass [`SCANNED`]).
+    fn index(&mut self, at: usize) {
+        let stored = self.counts.len();
+        if self.slots.is_empty() && stored <= SCANNED {
+            return;
+        }
+        if stored * 2 > self.slots.len() {
+            self.slots = vec![EMPTY; (stored * 2).next_power_of_two()].into_boxed_slice();
+            for at in 0..stored {
+                self.place(at);
+            }
+        } else {
+            self.place(at);
+        }
+    }
+
+    /// Puts the place `at` in the first free slot from its key's home.
+    fn place(&mut self, at: usize) {
+        let mask = self.slots.len() - 1;
+        let mut slot = self.counts[at].key as usize & mask;
+        while self.slots[slot] != EMPTY {
+            slot = (slot + 1) & mask;
+        }
+        self.slots[slot] = at as u32;
+    }
+
+    /// Forgets the count at `at`, about to be removed: its slot is emptied and the places
+    /// probed past it are shifted back (so every probe still meets its key before an empty
+    /// slot).
+    fn unindex(&mut self, at: usize) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let mask = self.slots.len() - 1;
+        let mut hole = self
+            .slot_of(self.counts[at].key)
+            .expect("a stored key is indexed");
+        let mut slot = hole;
+        loop {
+            slot = (slot + 1) & mask;
+            let next = self.slots[slot];
+            if next == EMPTY {
+                break;
+            }
+            // It may fill the hole if the hole is between its home and its slot.
+            let home = self.counts[next as usize].key as usize & mask;
+            if slot.wrapping_sub(home) & mask >= slot.wrapping_sub(hole) & mask {
+                self.slots[hole] = next;
+                hole = slot;
+            }
+        }
+        self.slots[hole] = EMPTY;
+    }
+
+    /// The count that was last, at `from`, was moved to `to`: its slot now says so.
+    fn moved(&mut self, from: usize, to: usize) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let mask = self.slots.len() - 1;
+        let mut slot = self.counts[to].key as usize & mask;
+        while self.slots[slot] != from as u32 {
+            slot = (slot + 1) & mask;
+        }
+        self.slots[slot] = to as u32;
     }
 
     /// Adds `weight` to `key`'s count, found at `at` by [`find`](Self::find) (`None`: not
@@ -59,7 +160,9 @@ impl Shannon {
                 count: 0,
                 note: 0,
             });
-            self.counts.len() - 1
+            let at = self.counts.len() - 1;
+            self.index(at);
+            at
         });
         let c = &mut self.counts[at].count;
         self.sum_c_log_c += c_log_c(*c + weight) - c_log_c(*c);
@@ -84,7 +187,12 @@ impl Shannon {
         *c -= w;
         self.total -= u64::from(w);
         if *c == 0 {
+            self.unindex(i);
             self.counts.swap_remove(i);
+            let last = self.counts.len();
+            if i < last {
+                self.moved(last, i);
+            }
         }
         if self.total == 0 {
             self.sum_c_log_c = 0.0; // no drift left behind
@@ -177,6 +285,49 @@ mod tests {
                 }
                 prop_assert!((h.entropy() - naive(&reference)).abs() < 1e-9);
                 prop_assert_eq!(h.total(), reference.values().map(|&c| u64::from(c)).sum::<u64>());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Through any additions and removals of up to 160 keys that share their low bits in
+        /// fours (long probe runs, shifted back on removal), every key is found where its
+        /// count is, with the count a plain map of counts holds, and absent keys are not found.
+        #[test]
+        fn the_index_finds_each_key_as_a_scan_would(
+            ops in proptest::collection::vec((any::<bool>(), 0u64..40, 0u64..4, 1u32..3), 1..600),
+        ) {
+            let mut h = Shannon::default();
+            let mut reference: HashMap<u64, u32> = HashMap::new();
+            let key = |hi: u64, lo: u64| (hi << 32) | lo;
+            for (add, hi, lo, w) in ops {
+                let k = key(hi, lo);
+                if add {
+                    h.add(k, w);
+                    *reference.entry(k).or_insert(0) += w;
+                } else {
+                    h.remove(k, w);
+                    if let Some(c) = reference.get_mut(&k) {
+                        *c -= w.min(*c);
+                    }
+                }
+                for hi in 0..40 {
+                    for lo in 0..4 {
+                        let k = key(hi, lo);
+                        let expected = reference.get(&k).copied().filter(|&c| c > 0);
+                        let found = h.find(k).map(|at| (h.counts[at].key, h.counts[at].count));
+                        prop_assert_eq!(found, expected.map(|c| (k, c)), "key {:x}", k);
+                    }
+                }
+                prop_assert!(h.slots.is_empty() || h.counts.len() * 2 <= h.slots.len());
             }
         }
     }

@@ -16,8 +16,8 @@ struct Entry {
 }
 
 /// Counts per key over the last `window` (in `buckets` buckets), and their Shannon entropy.
-/// Each call is added once and expired once: O(1) amortised, but for one scan of the stored
-/// keys (at most `max_keys`) to find the call's.
+/// Each call is added once and expired once: O(1) amortised (a key is found by a scan of at
+/// most eight stored keys, past that by an index).
 ///
 /// Entries are numbered as they are pushed (mod 2^32): the entry numbered `n` is at
 /// `ring[n - popped]`. Each stored key's count notes the number of its latest entry, and the
