@@ -74,13 +74,14 @@ struct Recent {
     /// Where the next entry goes once the ring is full (the oldest entry).
     next: usize,
     /// The names the entries refer to. Names no entry refers to any more are forgotten when
-    /// the table is full ([`NAMES`] places; the entries refer to at most 100).
+    /// the table is full ([`NAMES`] places).
     names: Vec<Arc<str>>,
 }
 
-/// The places in a log's table of names. Its 50 entries refer to at most 100 names, so a full
-/// table always has names to forget.
-const NAMES: usize = 128;
+/// The places in a log's table of names: those of the 49 entries kept and of the one being
+/// written. When it is full, the names no kept entry refers to are forgotten, so the new
+/// entry's two always fit.
+const NAMES: usize = 2 * AUDIT_PER_SESSION;
 
 /// No name.
 const NO_NAME: u8 = u8::MAX;
@@ -95,6 +96,21 @@ struct Entry {
     target: u8,
     outcome: Option<Outcome>,
     rejection: Option<Reason>,
+}
+
+impl Entry {
+    /// An entry made `at_ms`, with no names, outcome or refusal yet.
+    fn at(at_ms: u64) -> Entry {
+        Entry {
+            at_ms,
+            queue_wait_ms: 0,
+            service_ms: None,
+            method: NO_NAME,
+            target: NO_NAME,
+            outcome: None,
+            rejection: None,
+        }
+    }
 }
 
 impl Recent {
@@ -141,7 +157,7 @@ impl Recent {
     }
 
     /// Forgets the names no entry refers to but the one written over next (once the ring is
-    /// full), and renumbers the rest: at most 98 are kept, so two new names fit.
+    /// full), and renumbers the rest: at most 98 are kept, so the new entry's two fit.
     fn forget_unused(&mut self) {
         let overwritten = (self.entries.len() == AUDIT_PER_SESSION).then_some(self.next);
         let mut used = [false; NAMES];
@@ -304,15 +320,7 @@ impl Audit {
 
     /// An entry of a call settled `at` (its names are placed when it is recorded).
     fn entry(&self, at: Instant) -> Entry {
-        Entry {
-            at_ms: ms(at.saturating_duration_since(self.epoch)),
-            queue_wait_ms: 0,
-            service_ms: None,
-            method: NO_NAME,
-            target: NO_NAME,
-            outcome: None,
-            rejection: None,
-        }
+        Entry::at(ms(at.saturating_duration_since(self.epoch)))
     }
 
     /// The recent calls of a session, oldest first.
@@ -367,20 +375,27 @@ mod tests {
         let mut log = Recent::default();
         let name: Arc<str> = "cache_get".into();
         for at in 0..(3 * AUDIT_PER_SESSION as u64) {
-            let entry = Entry {
-                at_ms: at,
-                queue_wait_ms: 0,
-                service_ms: Some(1),
-                method: NO_NAME,
-                target: NO_NAME,
-                outcome: Some(Outcome::Ok),
-                rejection: None,
-            };
-            log.push(None, Some(&name), entry);
+            log.push(None, Some(&name), Entry::at(at));
         }
         assert_eq!(log.entries.capacity(), AUDIT_PER_SESSION);
         assert_eq!(std::mem::size_of::<Entry>() * log.entries.capacity(), 2000);
         assert_eq!(log.names.len(), 1, "one name, kept once");
+    }
+
+    /// Calls that each name two names no other call does fill the table to its last place,
+    /// and never past it.
+    #[test]
+    fn names_never_outgrow_the_table() {
+        let mut log = Recent::default();
+        let mut most = 0;
+        for at in 0..(4 * NAMES as u64) {
+            let (m, t): (Arc<str>, Arc<str>) = (format!("m{at}").into(), format!("t{at}").into());
+            log.push(Some(&m), Some(&t), Entry::at(at));
+            most = most.max(log.names.len());
+            let last = log.invocations().pop().unwrap();
+            assert_eq!((last.method, last.target), (Some(m), Some(t)));
+        }
+        assert_eq!(most, NAMES);
     }
 
     proptest! {
@@ -408,16 +423,7 @@ mod tests {
                     }
                 };
                 let (m, t) = (method.map(&mut arc), target.map(&mut arc));
-                let entry = Entry {
-                    at_ms: at as u64,
-                    queue_wait_ms: 0,
-                    service_ms: None,
-                    method: NO_NAME,
-                    target: NO_NAME,
-                    outcome: Some(Outcome::Ok),
-                    rejection: None,
-                };
-                log.push(m.as_ref(), t.as_ref(), entry);
+                log.push(m.as_ref(), t.as_ref(), Entry::at(at as u64));
                 if reference.len() == AUDIT_PER_SESSION {
                     reference.pop_front();
                 }

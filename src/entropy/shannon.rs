@@ -64,18 +64,18 @@ impl Shannon {
     /// keys that crowd one run of slots. The index is at most half full, so a probe meets an
     /// empty slot.
     fn slot_of(&self, key: u64) -> Option<usize> {
+        let slot = self.probe(key, |at| at == EMPTY || self.counts[at as usize].key == key);
+        (self.slots[slot] != EMPTY).then_some(slot)
+    }
+
+    /// The first slot from `key`'s home whose place satisfies `stop`.
+    fn probe(&self, key: u64, stop: impl Fn(u32) -> bool) -> usize {
         let mask = self.slots.len() - 1;
         let mut slot = key as usize & mask;
-        loop {
-            let at = self.slots[slot];
-            if at == EMPTY {
-                return None;
-            }
-            if self.counts[at as usize].key == key {
-                return Some(slot);
-            }
+        while !stop(self.slots[slot]) {
             slot = (slot + 1) & mask;
         }
+        slot
     }
 
     /// Indexes the count at `at`, just pushed: into a free slot, or by indexing every count
@@ -98,11 +98,7 @@ impl Shannon {
 
     /// Puts the place `at` in the first free slot from its key's home.
     fn place(&mut self, at: usize) {
-        let mask = self.slots.len() - 1;
-        let mut slot = self.counts[at].key as usize & mask;
-        while self.slots[slot] != EMPTY {
-            slot = (slot + 1) & mask;
-        }
+        let slot = self.probe(self.counts[at].key, |place| place == EMPTY);
         self.slots[slot] = at as u32;
     }
 
@@ -139,11 +135,7 @@ impl Shannon {
         if self.slots.is_empty() {
             return;
         }
-        let mask = self.slots.len() - 1;
-        let mut slot = self.counts[to].key as usize & mask;
-        while self.slots[slot] != from as u32 {
-            slot = (slot + 1) & mask;
-        }
+        let slot = self.probe(self.counts[to].key, |place| place == from as u32);
         self.slots[slot] = to as u32;
     }
 
