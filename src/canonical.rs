@@ -263,6 +263,13 @@ mod tests {
     }
 
     #[test]
+    fn a_call_built_by_hand_is_keyed_once_as_it_is_made() {
+        let call = crate::Call::request("tools/call").with_arguments(r#"{ "q" : "x" }"#);
+        let arguments = call.arguments.as_ref().unwrap();
+        assert_eq!(arguments.key, Some(key(r#"{"q":"x"}"#)));
+    }
+
+    #[test]
     fn numbers_hash_by_their_text_and_strings_by_theirs() {
         assert_eq!(key(r#"{"n":10}"#), key(r#"{ "n" : 10 }"#));
         assert_ne!(key(r#"{"n":10}"#), key(r#"{"n":11}"#));

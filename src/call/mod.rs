@@ -85,7 +85,7 @@ pub struct Call {
 pub(crate) struct Arguments {
     pub(crate) text: Bytes,
     /// The canonical key ([`crate::canonical`]); `None` for arguments not read keyed (under
-    /// the kill switch's `off`, or set by [`Call::with_arguments`]): computed when asked.
+    /// the kill switch's `off`): computed when asked.
     pub(crate) key: Option<u64>,
 }
 
@@ -150,11 +150,12 @@ impl Call {
         self
     }
 
-    /// Sets the `tools/call` arguments (JSON text).
+    /// Sets the `tools/call` arguments (JSON text), keyed here once (as the classifier keys
+    /// what it reads), not again by each stage that asks for the key.
     pub fn with_arguments(mut self, json: &str) -> Self {
         self.arguments = Some(Arguments {
             text: Bytes::copy_from_slice(json.as_bytes()),
-            key: None,
+            key: Some(crate::canonical::digest(json.as_bytes())),
         });
         self
     }
