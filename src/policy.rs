@@ -147,7 +147,12 @@ impl Switch {
 
     /// The mode now.
     pub fn mode(&self) -> Mode {
-        self.0.load().mode
+        self.0.peek().mode
+    }
+
+    /// The policy now, for a short read that touches no reference count ([`Live::peek`]).
+    pub(crate) fn peek(&self) -> arc_swap::Guard<Arc<Policy>> {
+        self.0.peek()
     }
 
     /// The policy a call runs under: its request's snapshot's, else the switch's now.

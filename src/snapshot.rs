@@ -72,6 +72,13 @@ impl<T: Send + Sync + 'static> Live<T> {
         self.own.load_full()
     }
 
+    /// The stage's own settings now, for a short read: no reference count is touched (the
+    /// guard holds one of the thread's debt slots), so the calls of every worker reading one
+    /// cell do not write to it. Not to be held across an `await`.
+    pub(crate) fn peek(&self) -> arc_swap::Guard<Arc<T>> {
+        self.own.load()
+    }
+
     /// Replaces the settings whole.
     pub(crate) fn store(&self, value: Arc<T>) {
         self.own.store(value);
@@ -98,7 +105,7 @@ impl<T: Send + Sync + 'static> Live<T> {
     pub(crate) fn read<'a>(&self, snapshot: Option<&'a Snapshot>) -> Read<'a, T> {
         match self.in_snapshot(snapshot) {
             Some(settings) => Read::Snapshot(settings),
-            None => Read::Own(self.load()),
+            None => Read::Own(self.peek()),
         }
     }
 
@@ -122,8 +129,9 @@ impl<T: std::fmt::Debug> std::fmt::Debug for Live<T> {
 pub(crate) enum Read<'a, T> {
     /// Its request's snapshot's.
     Snapshot(&'a T),
-    /// The stage's own now (a request without a snapshot).
-    Own(Arc<T>),
+    /// The stage's own now (a request without a snapshot), read without touching its
+    /// reference count ([`Live::peek`]).
+    Own(arc_swap::Guard<Arc<T>>),
 }
 
 impl<T> std::ops::Deref for Read<'_, T> {

@@ -107,7 +107,7 @@ where
     type Future = <Protected<S> as Service<Request<B>>>::Future;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.bypass = self.switch.load().passes_through();
+        self.bypass = self.switch.peek().passes_through();
         self.stages.poll_ready(cx)
     }
 

@@ -100,7 +100,7 @@ where
             return ResponseFuture::call(self.take().call(req.map(Body::new)));
         }
         // The request runs under one snapshot of every stage's settings, taken at its head.
-        let own = self.shared.load();
+        let own = self.shared.peek();
         let snapshot = own.snapshots.as_ref().map(|s| s.load_full());
         let shared = self.shared.read_shared(snapshot.as_deref());
         let limit = shared.body_limit;

@@ -217,7 +217,7 @@ impl ResourceLimiter {
     /// a name not configured shares [`OVERFLOW`]; configured names always have their own.
     fn key(&self, name: &Name) -> Arc<Key> {
         let keys = &self.inner.keys;
-        let settings = self.inner.settings.load();
+        let settings = self.inner.settings.peek();
         let configured = settings.configured.get(name).is_some();
         if name.as_str() != OVERFLOW && (configured || name.len() <= MAX_KEY_LEN) {
             let cap = if configured {
