@@ -478,43 +478,42 @@ fn limiter(limited: bool) -> ResourceLimiter {
 
 /// Everything stormgate checks for one call before the inner service, minus the parse.
 struct Stormgate {
-    budget: Budget,
-    sessions: SessionGuard,
+    /// The budget and the session guard, one admitting stage as in the stack (one clock
+    /// reading for both).
+    admissions: (Budget, SessionGuard),
     fifo: ResourceLimiter,
 }
 
 impl Stormgate {
     fn new(max: usize) -> Self {
         Stormgate {
-            budget: budget(true, max),
-            sessions: guard(max),
+            admissions: (budget(true, max), guard(max)),
             fifo: limiter(false),
         }
     }
 
     /// Admits `call` everywhere, as the stack does, then lets every permit go.
     async fn admit(&self, call: &Call) -> bool {
-        let budget = self.budget.admit(call).unwrap();
-        let session = self.sessions.admit(call).unwrap();
+        let permits = self.admissions.admit(call).unwrap();
         let lease = self
             .fifo
             .acquire("cache_get", Some(call.tenant.as_str()))
             .await
             .unwrap();
-        drop((budget, session, lease));
+        drop((permits, lease));
         true
     }
 
     /// Every session and tenant of `w` tracked, and tenant shares allocated.
     fn populate(&self, rt: &Runtime, w: &mut Workload) {
-        accept_all(&self.sessions, w);
+        accept_all(&self.admissions.1, w);
         rt.block_on(async {
             for i in 0..w.len() {
                 let call = w.set(i).clone();
                 assert!(self.admit(&call).await);
             }
         });
-        self.budget.tick();
+        self.admissions.0.tick();
     }
 }
 

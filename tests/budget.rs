@@ -853,3 +853,35 @@ async fn a_swarm_of_eight_sessions_does_not_get_a_complex_agent_at_two_calls_a_s
         "swarm {swarm_admitted}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_call_is_charged_at_the_instant_its_stage_admits_it() {
+    let budget = Budget::builder({
+        let mut built = BudgetConfig::default();
+        built.stable_budget = Positive::new(10.0).unwrap();
+        built
+    })
+    .tenants({
+        let mut built = TenantConfig::default();
+        built.enabled = false;
+        built
+    })
+    .build();
+    let call = Call::request("tools/call").with_tool("x");
+    // The clock never moves here, only the instants given.
+    let t0 = tokio::time::Instant::now();
+    let mut admitted = 0;
+    while budget.admit_at(&call, t0).is_ok() {
+        admitted += 1;
+    }
+    assert!(admitted > 0);
+    let wait = budget.admit_at(&call, t0).unwrap_err().retry_after();
+    assert!(
+        wait > Duration::ZERO && wait <= Duration::from_secs(1),
+        "{wait:?}"
+    );
+    // At the end of the wait, by the instant given, the bucket pays for the call.
+    assert!(budget.admit_at(&call, t0 + wait).is_ok());
+    // `admit` reads the clock, which still says t0.
+    assert!(budget.admit(&call).is_err());
+}

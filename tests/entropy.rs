@@ -632,3 +632,22 @@ async fn a_client_calling_through_the_budgets_refusals_is_scored() {
     assert!(g.admit(&waiting).is_ok());
     assert_eq!(g.summary(&waiting.session).unwrap().factor, 1.0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_call_is_judged_at_the_instant_its_stage_admits_it() {
+    // 2 calls/s, a burst of 4: the clock never moves here, only the instants given.
+    let g = guard();
+    let c = call("s", "search", json!({"q": "x"}));
+    assert!(g.accept(&c.session, &c.tenant));
+    let t0 = tokio::time::Instant::now();
+    for _ in 0..4 {
+        assert!(g.admit_at(&c, t0).is_ok());
+    }
+    let refused = g.admit_at(&c, t0).unwrap_err();
+    assert_eq!(refused.retry_after(), ms(500), "one call's refill at 2/s");
+    // Half a second later by the instant given: one call's tokens are back.
+    assert!(g.admit_at(&c, t0 + ms(500)).is_ok());
+    assert!(g.admit_at(&c, t0 + ms(500)).is_err());
+    // `admit` reads the clock, which still says t0: nothing more refilled.
+    assert!(g.admit(&c).is_err());
+}

@@ -1,6 +1,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use tokio::time::Instant;
 use tower::Layer;
 
 use super::Admit;
@@ -16,6 +17,16 @@ pub trait Admission: Send + Sync + 'static {
 
     /// Admits `call` or says why not. Must not block.
     fn admit(&self, call: &Call) -> Result<Self::Permit, Rejection>;
+
+    /// [`admit`](Self::admit) at `now`: the instant the stage admits the request's calls at,
+    /// read once for every admission of it (a tuple of admissions, and the [`Admit`]
+    /// service, pass one reading to all). By default `admit`, which reads the clock itself if
+    /// it needs it; an admission that reads the clock overrides this and calls it from
+    /// `admit` with `Instant::now()`.
+    fn admit_at(&self, call: &Call, now: Instant) -> Result<Self::Permit, Rejection> {
+        let _ = now;
+        self.admit(call)
+    }
 
     /// The admitted call never ran (a stage after this one refused it, or the MCP server
     /// rejected it unrun): give back what `admit` charged. By default the permit is just

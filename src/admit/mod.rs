@@ -25,6 +25,12 @@
 //! once), at the cost of one stage. The whole stack admits its budget, session guard and
 //! circuit breakers so.
 //!
+//! A stage admits a request's calls at one instant: [`Admit`] reads the clock once (when the
+//! request has a call to admit) and gives it to [`Admission::admit_at`], and a tuple gives it
+//! to each of its admissions. An admission that reads the clock (stormgate's budget, guard
+//! and breakers do) overrides `admit_at` to use it, and its `admit` calls `admit_at` with
+//! `Instant::now()`; the default `admit_at` calls `admit`.
+//!
 //! Admission stages charge budgets, they do not hold capacity. What a call was charged is given
 //! back when a later stage refuses it or the MCP server rejects it without running it (see
 //! [`charges`](crate::charges)); otherwise it is kept.

@@ -4,6 +4,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use http::Request;
+use tokio::time::Instant;
 use tower::{BoxError, Service};
 
 use super::layer::Admission;
@@ -74,11 +75,14 @@ where
             return ResponseFuture::inner(self.inner.call(req));
         };
         let mut rejected: Vec<(usize, Rejection)> = Vec::new();
+        // One clock reading for every admission of the request, if it has work to admit.
+        let mut now = None;
         for (i, call) in calls.iter().enumerate() {
             if !call.is_chargeable() {
                 continue;
             }
-            match self.admission.admit(call) {
+            let now = *now.get_or_insert_with(Instant::now);
+            match self.admission.admit_at(call, now) {
                 Ok(permit) => {
                     // Given back if a later stage refuses the call or it never runs.
                     let admission = self.admission.clone();

@@ -1,4 +1,7 @@
-//! Several admissions as one stage: a tuple of [`Admission`]s is an `Admission`.
+//! Several admissions as one stage: a tuple of [`Admission`]s is an `Admission`, admitting
+//! at one instant (one clock reading for all).
+
+use tokio::time::Instant;
 
 use super::layer::Admission;
 use crate::call::Call;
@@ -10,8 +13,12 @@ impl<A: Admission, B: Admission> Admission for (A, B) {
     type Permit = (A::Permit, B::Permit);
 
     fn admit(&self, call: &Call) -> Result<Self::Permit, Rejection> {
-        let a = self.0.admit(call)?;
-        match self.1.admit(call) {
+        self.admit_at(call, Instant::now())
+    }
+
+    fn admit_at(&self, call: &Call, now: Instant) -> Result<Self::Permit, Rejection> {
+        let a = self.0.admit_at(call, now)?;
+        match self.1.admit_at(call, now) {
             Ok(b) => Ok((a, b)),
             Err(rejection) => {
                 self.0.refund(a);
@@ -32,15 +39,19 @@ impl<A: Admission, B: Admission, C: Admission> Admission for (A, B, C) {
     type Permit = (A::Permit, B::Permit, C::Permit);
 
     fn admit(&self, call: &Call) -> Result<Self::Permit, Rejection> {
-        let a = self.0.admit(call)?;
-        let b = match self.1.admit(call) {
+        self.admit_at(call, Instant::now())
+    }
+
+    fn admit_at(&self, call: &Call, now: Instant) -> Result<Self::Permit, Rejection> {
+        let a = self.0.admit_at(call, now)?;
+        let b = match self.1.admit_at(call, now) {
             Ok(b) => b,
             Err(rejection) => {
                 self.0.refund(a);
                 return Err(rejection);
             }
         };
-        match self.2.admit(call) {
+        match self.2.admit_at(call, now) {
             Ok(c) => Ok((a, b, c)),
             Err(rejection) => {
                 self.1.refund(b);
@@ -141,5 +152,42 @@ mod tests {
         assert!(two.admit(&call).is_err());
         assert_eq!(*two.0.left.lock().unwrap(), 5);
         assert_eq!(*log.lock().unwrap(), ["a took", "a gave back"]);
+    }
+
+    /// Records the instant each call was admitted at; reads the clock itself when not given
+    /// one.
+    #[derive(Default)]
+    struct Clocked(Mutex<Vec<Instant>>);
+
+    impl Admission for Clocked {
+        type Permit = ();
+
+        fn admit(&self, call: &Call) -> Result<(), Rejection> {
+            self.admit_at(call, Instant::now())
+        }
+
+        fn admit_at(&self, _call: &Call, now: Instant) -> Result<(), Rejection> {
+            self.0.lock().unwrap().push(now);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_tuple_admits_at_the_instant_it_is_given_every_stage_at_the_same() {
+        let call = Call::request("tools/call");
+        let then = Instant::now() - Duration::from_secs(5);
+        let two = (Clocked::default(), Clocked::default());
+        two.admit_at(&call, then).unwrap();
+        let three = (Clocked::default(), Clocked::default(), Clocked::default());
+        three.admit_at(&call, then).unwrap();
+        for stage in [&two.0, &two.1, &three.0, &three.1, &three.2] {
+            assert_eq!(*stage.0.lock().unwrap(), [then]);
+        }
+        // Without an instant: one reading, shared.
+        three.admit(&call).unwrap();
+        let at = |c: &Clocked| c.0.lock().unwrap()[1];
+        assert!(at(&three.0) > then);
+        assert_eq!(at(&three.0), at(&three.1));
+        assert_eq!(at(&three.0), at(&three.2));
     }
 }

@@ -219,6 +219,10 @@ impl Admission for CircuitBreakers {
     type Permit = BreakerPermit;
 
     fn admit(&self, call: &Call) -> Result<BreakerPermit, Rejection> {
+        self.admit_at(call, Instant::now())
+    }
+
+    fn admit_at(&self, call: &Call, now: Instant) -> Result<BreakerPermit, Rejection> {
         if self.inner.switch.of(call).mode == Mode::Off {
             return Ok(BreakerPermit(None));
         }
@@ -226,7 +230,7 @@ impl Admission for CircuitBreakers {
         let Some(breaker) = call.tool.as_deref().and_then(|t| self.breaker(t, &config)) else {
             return Ok(BreakerPermit(None));
         };
-        let now = self.inner.epoch.elapsed();
+        let now = now.saturating_duration_since(self.inner.epoch);
         let result = lock(&breaker).try_admit(now, &config);
         match result {
             Ok(probe) => Ok(BreakerPermit(Some((breaker, probe)))),

@@ -250,7 +250,13 @@ impl Budget {
     }
 
     fn now(&self) -> u64 {
-        u64::try_from(self.inner.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.at(Instant::now())
+    }
+
+    /// `instant` in the budget's time: nanoseconds since its epoch.
+    fn at(&self, instant: Instant) -> u64 {
+        let since = instant.saturating_duration_since(self.inner.epoch);
+        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// The settings in force: the budget's and the tenants'.
@@ -561,6 +567,10 @@ impl Admission for Budget {
     type Permit = BudgetPermit;
 
     fn admit(&self, call: &Call) -> Result<BudgetPermit, Rejection> {
+        self.admit_at(call, Instant::now())
+    }
+
+    fn admit_at(&self, call: &Call, now: Instant) -> Result<BudgetPermit, Rejection> {
         if call.target().is_none() {
             // Protocol chatter (initialize, tools/list, ping) is not the work budgets guard,
             // and refusing `initialize` would keep a client from connecting at all.
@@ -568,9 +578,9 @@ impl Admission for Budget {
                 charged: Charged::default(),
             });
         }
-        let now = self.now();
+        let now = self.at(now);
         let cost = u64::from(call.cost().max(1));
-        if !Arc::ptr_eq(&self.inner.switch.load(), &self.inner.applied.load()) {
+        if !Arc::ptr_eq(&self.inner.switch.peek(), &self.inner.applied.load()) {
             self.apply_policy(); // the switch was flipped by hand
         }
         let policy = self.inner.switch.of(call);

@@ -6,6 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::returning::{SHORTEST_WAIT, Standing};
 use super::session::{Pool, Session, secs_ns, weight_of};
 use super::{SessionGuard, lock};
@@ -51,12 +53,16 @@ impl Admission for SessionGuard {
     type Permit = SessionPermit;
 
     fn admit(&self, call: &Call) -> Result<SessionPermit, Rejection> {
+        self.admit_at(call, Instant::now())
+    }
+
+    fn admit_at(&self, call: &Call, now: Instant) -> Result<SessionPermit, Rejection> {
         let config = self.config_of(call);
         if !config.enabled || call.target().is_none() {
             // Off, or protocol chatter (initialize, tools/list, ping): not the work guarded.
             return Ok(SessionPermit::NONE);
         }
-        let now = self.now();
+        let now = self.at(now);
         let key = self.resource_key(call);
         let cost = f64::from(call.cost().max(1));
         // On an id the server has not accepted: how the call stands against its id's wait.
