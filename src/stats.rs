@@ -55,9 +55,14 @@ pub(crate) struct Recent {
 }
 
 impl Recent {
-    /// The count decayed to `now`, time constant `tau` seconds.
+    /// The count decayed to `now`, time constant `tau` seconds. Nothing to decay (a count of
+    /// zero, as a healthy session's failures and refusals are, or no time since the last
+    /// event) reads the count as it is, without an `exp`: the same value the decay would give.
     pub(crate) fn at(&self, now: u64, tau: f64) -> f64 {
-        let dt = now.saturating_sub(self.at) as f64 / 1e9;
+        if self.count == 0.0 || now <= self.at {
+            return self.count;
+        }
+        let dt = (now - self.at) as f64 / 1e9;
         self.count * (-dt / tau.max(1e-9)).exp()
     }
 
@@ -453,6 +458,26 @@ mod tests {
                 .map(|&(t, x)| x * (-((now - t) as f64 / 1e9) / tau).exp())
                 .sum();
             prop_assert!((r.at(now, tau) - naive).abs() <= 1e-9 * naive.max(1.0));
+        }
+
+        /// Reading a [`Recent`] without an `exp` where there is nothing to decay gives, to
+        /// the bit, what the decay formula gives.
+        #[test]
+        fn recent_reads_what_the_decay_formula_reads(
+            count in prop_oneof![Just(0.0f64), 0.0f64..1e6],
+            at in 0u64..10_000_000_000,
+            since in prop_oneof![
+                Just(0i64),
+                -2_000i64..2_000,
+                -10_000_000_000i64..10_000_000_000
+            ],
+            tau in 0.0f64..30.0,
+        ) {
+            let r = Recent { count, at };
+            let now = at.saturating_add_signed(since);
+            let dt = now.saturating_sub(at) as f64 / 1e9;
+            let formula = count * (-dt / tau.max(1e-9)).exp();
+            prop_assert_eq!(r.at(now, tau).to_bits(), formula.to_bits());
         }
 
         #[test]
