@@ -320,12 +320,12 @@ async fn a_weight_50_tool_is_admitted_50_times_less_often() {
     assert!((steady / 50.0 - 1.0).abs() < 0.01, "steady ratio {steady}");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_call_refused_by_a_later_stage_gets_its_charge_back() {
-    let budget = Budget::builder({
+/// A global budget of `stable` units/s (and `burst`), tenant budgets off.
+fn global_only(stable: f64, burst: Option<f64>) -> Budget {
+    Budget::builder({
         let mut built = BudgetConfig::default();
-        built.stable_budget = Positive::new(10.0).unwrap();
-        built.burst = Some(AtLeastOne::new(1.0).unwrap());
+        built.stable_budget = Positive::new(stable).unwrap();
+        built.burst = burst.map(|b| AtLeastOne::new(b).unwrap());
         built
     })
     .tenants({
@@ -333,7 +333,12 @@ async fn a_call_refused_by_a_later_stage_gets_its_charge_back() {
         built.enabled = false;
         built
     })
-    .build();
+    .build()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_refused_by_a_later_stage_gets_its_charge_back() {
+    let budget = global_only(10.0, Some(1.0));
     let refuse_all = AdmitLayer::new(|_: &Call| {
         Err(Rejection::new(
             Reason::CircuitOpen,
@@ -856,17 +861,7 @@ async fn a_swarm_of_eight_sessions_does_not_get_a_complex_agent_at_two_calls_a_s
 
 #[tokio::test(start_paused = true)]
 async fn a_call_is_charged_at_the_instant_its_stage_admits_it() {
-    let budget = Budget::builder({
-        let mut built = BudgetConfig::default();
-        built.stable_budget = Positive::new(10.0).unwrap();
-        built
-    })
-    .tenants({
-        let mut built = TenantConfig::default();
-        built.enabled = false;
-        built
-    })
-    .build();
+    let budget = global_only(10.0, None);
     let call = Call::request("tools/call").with_tool("x");
     // The clock never moves here, only the instants given.
     let t0 = tokio::time::Instant::now();
