@@ -5,6 +5,11 @@
 //!   [`Control`] stack in `off` mode, in `adaptive` mode, and inside the classify layer alone.
 //!   Each iteration builds the request and reads the whole answer body (the FIFO place and the
 //!   outcome are settled when the body ends); that work is the same in every variant.
+//! * **two threads**: the same calls from two threads at once, each on its own current-thread
+//!   runtime and half of the sessions, through one stack (no stack, and `adaptive`): the
+//!   measured thread's CPU time per call, with what the other thread's writes to the stack's
+//!   shared state (counters, locks, reference counts) cost it, as between a server's two
+//!   tokio workers.
 //! * **SSE answer**: the same with the answer written as rmcp writes it, an SSE stream of two
 //!   events (the outcome layer parses it event by event; every body wrapper polls each frame).
 //! * **per layer**: each non-waiting check on a pre-classified [`Call`] (the parse excluded),
@@ -227,6 +232,56 @@ fn bench_http(
     });
 }
 
+/// [`bench_http`] with a second thread calling `svc` too, on its own runtime and the other
+/// half of the sessions, for as long as the measured thread runs: two workers sharing the
+/// stack's state, as a server's two tokio workers do. Only the measured thread's CPU time
+/// counts; what the other's writes to shared cache lines cost it shows there.
+fn bench_two_threads(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    rt: &Runtime,
+    svc: &Router,
+    sessions: &[HeaderValue],
+) {
+    let (mine, theirs) = sessions.split_at(sessions.len() / 2);
+    g.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let other = {
+                let (stop, start, svc) = (stop.clone(), start.clone(), svc.clone());
+                let theirs = theirs.to_vec();
+                std::thread::spawn(move || {
+                    let rt = runtime();
+                    rt.block_on(async {
+                        let mut svc = svc;
+                        let mut i = 0usize;
+                        start.wait();
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            i = (i + STRIDE) % theirs.len();
+                            black_box(one(&mut svc, request(&theirs[i])).await);
+                        }
+                    })
+                })
+            };
+            let elapsed = rt.block_on(async {
+                let mut svc = svc.clone();
+                let mut i = 0usize;
+                start.wait();
+                let begin = ThreadTime::now();
+                for _ in 0..iters {
+                    i = (i + STRIDE) % mine.len();
+                    black_box(one(&mut svc, request(&mine[i])).await);
+                }
+                begin.elapsed()
+            });
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            other.join().unwrap();
+            elapsed
+        })
+    });
+}
+
 /// The whole stack in `mode`, every session and the tenant known and the tenant's share
 /// allocated, checked to admit everything.
 fn warmed(rt: &Runtime, mode: Mode, inner: Router, sessions: &[HeaderValue]) -> (Control, Router) {
@@ -309,6 +364,19 @@ fn stack(c: &mut Criterion) {
     // Nothing was refused while measuring either.
     assert_admitted(&rt, &adaptive.1, &sessions);
     assert_admitted(&rt, &off.1, &sessions);
+
+    // Two threads calling one stack at once, each measured per call on its own CPU time.
+    let mut g = c.benchmark_group("stack on two threads at once (per call of one)");
+    bench_two_threads(
+        &mut g,
+        "no stack (inner service alone)",
+        &rt,
+        &bare,
+        &sessions,
+    );
+    bench_two_threads(&mut g, "stormgate adaptive", &rt, &adaptive.1, &sessions);
+    g.finish();
+    assert_admitted(&rt, &adaptive.1, &sessions);
 
     // The answer as rmcp writes it: an SSE stream of two events (a priming event, then the
     // result), which the outcome layer parses event by event and every body wrapper polls.
