@@ -533,7 +533,7 @@ impl Again {
         })
     }
 
-    /// The answer count of the connection it went out on, once it has one.
+    /// What the connection it went out on carried, once it has one.
     fn connection(&self) -> Option<Answered> {
         let connection = self.connection.connection_metadata();
         let mut extras = http::Extensions::new();
@@ -574,14 +574,7 @@ impl Future for Attempts {
                     tracing::debug!(error = %e, "a pooled upstream connection was dead; sending again");
                     self.current = self.upstream.fresh.request(again.request());
                 }
-                answered => {
-                    if answered.is_ok()
-                        && let Some(again) = &self.again
-                    {
-                        again.connection().inspect(Answered::count);
-                    }
-                    return Poll::Ready(answered);
-                }
+                answered => return Poll::Ready(answered),
             }
         }
     }
