@@ -5,6 +5,12 @@
 
 use std::time::Duration;
 
+/// `d` in nanoseconds, the unit the stages count time in (since an epoch of their own),
+/// saturating at `u64::MAX` (585 years).
+pub(crate) fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// An EWMA of `alpha` in (0, 1]: each sample moves the average `alpha` of the way to it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Ewma {

@@ -255,8 +255,7 @@ impl Budget {
 
     /// `instant` in the budget's time: nanoseconds since its epoch.
     fn at(&self, instant: Instant) -> u64 {
-        let since = instant.saturating_duration_since(self.inner.epoch);
-        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+        crate::stats::ns(instant.saturating_duration_since(self.inner.epoch))
     }
 
     /// The settings in force: the budget's and the tenants'.

@@ -17,6 +17,7 @@ use crate::entropy::score::{budget_factor, distress, storm_score};
 use crate::metrics;
 use crate::policy::Mode;
 use crate::rejection::{Reason, Rejection, Scope};
+use crate::stats::ns;
 
 /// What an admitted call took from its session, to give back if a later stage refuses it.
 /// The call counts as in flight for its session until the permit is dropped. A trial call
@@ -188,7 +189,7 @@ impl Admission for SessionGuard {
                 None => wait,
             };
             if pool.is_some() {
-                let until = now.saturating_add(u64::try_from(told.as_nanos()).unwrap_or(u64::MAX));
+                let until = now.saturating_add(ns(told));
                 self.inner.returning.told(id, until);
             }
             let reason = if reason != Reason::SessionBudgetExceeded {

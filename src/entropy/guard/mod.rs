@@ -38,7 +38,7 @@ use crate::clients::sealed::Judging;
 use crate::metrics;
 use crate::outcome::Observer;
 use crate::policy::{Mode, Switch};
-use crate::stats::{Ewma, OwnBaselines, Recent, ToolBaselines};
+use crate::stats::{Ewma, OwnBaselines, Recent, ToolBaselines, ns};
 use config::{BASELINE_ALPHA, HEALTH_ALPHA};
 use returning::Returning;
 use session::{Pool, Session};
@@ -212,8 +212,7 @@ impl SessionGuard {
 
     /// `instant` in the guard's time: nanoseconds since its epoch.
     fn at(&self, instant: Instant) -> u64 {
-        let since = instant.saturating_duration_since(self.inner.epoch);
-        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+        ns(instant.saturating_duration_since(self.inner.epoch))
     }
 
     /// The admission stage: `AdmitLayer` over this guard.
@@ -432,7 +431,7 @@ impl SessionGuard {
     pub(crate) fn sweep_idle(&self) -> usize {
         let now = self.now();
         let config = self.inner.config.load();
-        let ttl = u64::try_from(config.idle_ttl.get().as_nanos()).unwrap_or(u64::MAX);
+        let ttl = ns(config.idle_ttl.get());
         let before = self.inner.sessions.len();
         let n = config.top_n;
         let mut top: Vec<SessionSummary> = Vec::with_capacity(n + 1);

@@ -13,7 +13,7 @@ use super::config::{ERRORS_ALLOWED, SessionConfig};
 use crate::call::{Call, SessionId, Tenant};
 use crate::entropy::score::{HINTS_IGNORED_ALLOWED, Signals, Tolerances};
 use crate::entropy::window::SessionWindow;
-use crate::stats::{Ewma, OwnBaselines, Recent};
+use crate::stats::{Ewma, OwnBaselines, Recent, ns};
 
 /// How a tenant's unverified pool is named in the top-N view: this, then the tenant.
 pub const UNVERIFIED_PREFIX: &str = "~unverified:";
@@ -322,8 +322,7 @@ impl Session {
             0
         };
         self.refused_at = now;
-        self.waits[self.next] =
-            now.saturating_add(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
+        self.waits[self.next] = now.saturating_add(ns(wait));
         self.next = (self.next + 1) % HINTS_KEPT;
     }
 
