@@ -16,6 +16,7 @@ use tokio::time::Sleep;
 use tower::{BoxError, Service};
 
 use super::buffering::Reservation;
+use super::copies::Copies;
 use super::gather::Gather;
 use super::layer::Settings;
 use super::service::{classified, too_large, too_slow, unreadable};
@@ -54,7 +55,9 @@ pin_project! {
             // bodies are whole at the first poll, and a timer costs a clock read to make.
             timeout: Option<Pin<Box<Sleep>>>,
             parts: Option<Parts>,
-            inner: S,
+            inner: Option<S>,
+            // Where `inner` is handed back once called.
+            copies: Arc<Copies<S>>,
             shared: Arc<Settings>,
             // The settings of every stage the request runs under, taken at its head.
             snapshot: Option<Arc<Snapshot>>,
@@ -100,6 +103,7 @@ where
         collect: Gather<Limited<B>>,
         parts: Parts,
         inner: S,
+        copies: Arc<Copies<S>>,
         shared: Arc<Settings>,
         snapshot: Option<Arc<Snapshot>>,
         reservation: Reservation,
@@ -109,7 +113,8 @@ where
                 collect,
                 timeout: None,
                 parts: Some(parts),
-                inner,
+                inner: Some(inner),
+                copies,
                 shared,
                 snapshot,
                 reservation: Some(reservation),
@@ -120,7 +125,7 @@ where
 
 impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
-    S: Service<Request<Body>, Response = http::Response<ResBody>>,
+    S: Service<Request<Body>, Response = http::Response<ResBody>> + Clone,
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
@@ -137,6 +142,7 @@ where
                     timeout,
                     parts,
                     inner,
+                    copies,
                     shared,
                     snapshot,
                     reservation,
@@ -171,7 +177,9 @@ where
                         .and_then(Calls::single)
                         .is_some_and(|c| c.method.as_deref() == Some("tools/list"));
                     let learn = lists_tools.then(|| shared.schemas.clone());
+                    let mut inner = inner.take().expect("polled after completion");
                     let future = inner.call(request);
+                    copies.give_back(inner);
                     this.state.set(State::Calling { future, learn });
                 }
                 StateProj::Calling { future, learn } => {

@@ -29,6 +29,7 @@
 //! ```
 
 mod buffering;
+mod copies;
 mod deadlines;
 mod future;
 mod gather;

@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -11,6 +11,7 @@ use http_body_util::Limited;
 use tower::{BoxError, Service};
 
 use super::ResponseFuture;
+use super::copies::Copies;
 use super::gather::Gather;
 use super::layer::Settings;
 use crate::call::{Arguments, Bypassed, Call, Calls, Meta, Name, Pipeline, Record, Unclassified};
@@ -21,16 +22,15 @@ use crate::snapshot::{Live, Snapshot};
 /// [`ClassifyLayer`](super::ClassifyLayer).
 ///
 /// A request reads its body before it calls the rest of the stack, so it takes a service of
-/// its own: [`poll_ready`](Service::poll_ready) clones one from the service this was built
-/// around (shared, not copied, by the clones of this service) and readies it, and the next
-/// call takes it. A router that clones its route for every request (axum does) so pays for
-/// one copy of the stack and the MCP service below it per request, not two.
+/// its own: [`poll_ready`](Service::poll_ready) takes one (shared, not copied, by the clones of
+/// this service: see `copies`) and readies it, and the next call takes it with the request,
+/// which hands it back once it has called it. A router that clones its route for every request
+/// (axum does) so pays for no copy of the stack and the MCP service below it per request, but
+/// for one per thread the first time, and one more per request read at once on a thread.
 pub struct Classify<S> {
-    /// The service this was built around, cloned for each request (under a lock, so a
-    /// service that is `Send` but not `Sync`, such as tower's `BoxCloneService`, can be
-    /// shared).
-    proto: Arc<Mutex<S>>,
-    /// The clone readied by `poll_ready`, which the next call takes.
+    /// The service this was built around and the copies of it requests hand back.
+    copies: Arc<Copies<S>>,
+    /// The copy readied by `poll_ready`, which the next call takes.
     ready: Option<S>,
     shared: Arc<Live<Settings>>,
 }
@@ -38,7 +38,7 @@ pub struct Classify<S> {
 impl<S> Classify<S> {
     pub(crate) fn new(inner: S, shared: Arc<Live<Settings>>) -> Self {
         Classify {
-            proto: Arc::new(Mutex::new(inner)),
+            copies: Arc::new(Copies::new(inner)),
             ready: None,
             shared,
         }
@@ -49,7 +49,7 @@ impl<S> Classify<S> {
 impl<S> Clone for Classify<S> {
     fn clone(&self) -> Self {
         Classify {
-            proto: self.proto.clone(),
+            copies: self.copies.clone(),
             ready: None,
             shared: self.shared.clone(),
         }
@@ -59,21 +59,16 @@ impl<S> Clone for Classify<S> {
 impl<S: fmt::Debug> fmt::Debug for Classify<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Classify")
-            .field("inner", &self.proto)
+            .field("inner", &self.copies)
             .finish_non_exhaustive()
     }
 }
 
-/// A copy of the service a [`Classify`] was built around.
-fn copy<S: Clone>(proto: &Mutex<S>) -> S {
-    proto.lock().unwrap_or_else(PoisonError::into_inner).clone()
-}
-
 impl<S: Clone> Classify<S> {
-    /// The service readied for this call (a fresh copy, not readied, for a caller that did
-    /// not ask `poll_ready` first).
+    /// The service readied for this call (a copy, not readied, for a caller that did not ask
+    /// `poll_ready` first).
     fn take(&mut self) -> S {
-        self.ready.take().unwrap_or_else(|| copy(&self.proto))
+        self.ready.take().unwrap_or_else(|| self.copies.take())
     }
 }
 
@@ -90,14 +85,19 @@ where
     type Future = ResponseFuture<S, B>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        let proto = &self.proto;
-        self.ready.get_or_insert_with(|| copy(proto)).poll_ready(cx)
+        let copies = &self.copies;
+        self.ready
+            .get_or_insert_with(|| copies.take())
+            .poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         if req.method() != Method::POST || req.extensions().get::<Bypassed>().is_some() {
-            // Nothing to read: the readied inner service, called at once.
-            return ResponseFuture::call(self.take().call(req.map(Body::new)));
+            // Nothing to read: the readied inner service, called at once and handed back.
+            let mut inner = self.take();
+            let future = inner.call(req.map(Body::new));
+            self.copies.give_back(inner);
+            return ResponseFuture::call(future);
         }
         // The request runs under one snapshot of every stage's settings, taken at its head.
         let own = self.shared.peek();
@@ -126,6 +126,7 @@ where
             Gather::new(Limited::new(body, limit)),
             parts,
             self.take(),
+            self.copies.clone(),
             shared,
             snapshot,
             reservation,
@@ -325,13 +326,14 @@ mod tests {
     }
 
     /// axum clones a route for every request; the stack below the classifier (the MCP
-    /// service with it) is then copied once per request, a call whose body is read or not.
+    /// service with it) is copied for the first request on a thread and handed back by each,
+    /// a call whose body is read or not: the requests after it copy nothing.
     #[tokio::test]
-    async fn a_request_copies_the_service_below_once() {
+    async fn requests_one_after_another_copy_the_service_below_once() {
         let clones = Arc::new(AtomicUsize::new(0));
         let route = ClassifyLayer::new().layer(Counted(clones.clone()));
         let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#;
-        for (n, method) in [Method::POST, Method::GET, Method::POST]
+        for (n, method) in [Method::POST, Method::GET, Method::POST, Method::POST]
             .into_iter()
             .enumerate()
         {
@@ -343,7 +345,7 @@ mod tests {
                 .unwrap();
             let answer = route.clone().oneshot(request).await.unwrap();
             assert_eq!(answer.status(), StatusCode::OK);
-            assert_eq!(clones.load(Ordering::Relaxed), n + 1, "request {n}");
+            assert_eq!(clones.load(Ordering::Relaxed), 1, "request {n}");
         }
     }
 }
