@@ -96,6 +96,16 @@ pub(crate) fn level(rate: f64, demands: &mut [f64]) -> f64 {
 }
 
 impl Part {
+    /// A part of `rate` (units/s) no tick has counted clients for yet: a client's fair part
+    /// is the whole rate until the first tick says how many share it. (A part at rate 0
+    /// would put every call of a new group's first tick beyond its share, where it can take
+    /// no waiter's place in a full queue.)
+    pub(crate) fn new(rate: f64) -> Self {
+        let part = Part::default();
+        part.set(rate, &mut []);
+        part
+    }
+
     /// Sets the group's rate (units/s) and its active clients' demands.
     pub(crate) fn set(&self, rate: f64, demands: &mut [f64]) {
         self.rate.store(rate.to_bits(), Ordering::Relaxed);
@@ -284,6 +294,22 @@ mod tests {
         // 2500 units at once, its first call: as asked over a second.
         assert_eq!(demands, [2.0, 500.0 / (1.0 - (-1.0f64 / 5.0).exp())]);
         assert_eq!(level(100.0, &mut demands), 98.0);
+    }
+
+    /// Before the first tick a new client asking less than the whole rate is within its
+    /// share (it was beyond a part of rate 0 whatever it asked), and one asking more is not.
+    #[test]
+    fn before_any_tick_a_client_is_beyond_its_share_only_past_the_whole_rate() {
+        let part = Part::new(1000.0);
+        let clients = Clients::new();
+        let steady = clients.get(1, 7, 0).unwrap();
+        let burst = clients.get(2, 7, 0).unwrap();
+        let standing = |u, cost| Clients::ask(u, 0, (cost, f64::INFINITY), &part);
+        // Its first call counts as asked over a second, 10% over: 50 units ask 55.2/s.
+        assert!(!standing(&steady, 50.0).beyond);
+        assert!(standing(&burst, 1000.0).beyond);
+        // Nobody to be fair to yet: not light either.
+        assert!(!standing(&steady, 0.0).light);
     }
 
     #[test]

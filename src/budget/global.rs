@@ -46,7 +46,7 @@ impl Global {
                 ..Health::default()
             }),
             trend: Mutex::new(Trend::default()),
-            fair: fair::Part::default(),
+            fair: fair::Part::new(stable.get()),
         }
     }
 

@@ -170,7 +170,7 @@ impl Tenants {
             ),
             fixed: fixed::bucket(new.fixed_rate.unwrap_or(rate), w),
             demand: AtomicU64::new(0),
-            fair: fair::Part::default(),
+            fair: fair::Part::new(rate.max(min)),
             // A newcomer has asked nothing yet: under its part until its first tick says
             // otherwise, so its first calls meet the reserve, not the others' debt (its
             // guaranteed minimum starts empty, and the reserve is bounded: newcomers together
