@@ -18,8 +18,9 @@
 //! judges it) and whether it was admitted **beyond that client's fair share** (from what
 //! lighter clients left unused, see `budget::fair`): a resource whose queue is full makes room
 //! for a call within its share by refusing a waiter admitted beyond it, or else one of the
-//! client holding the most places ([`ResourceLimiter`](crate::fifo::ResourceLimiter)), so the
-//! excess is what a full resource refuses, not whoever came last.
+//! client holding the most places, or, for any call, one of the id of its own client holding
+//! the most ([`ResourceLimiter`](crate::fifo::ResourceLimiter)), so the excess is what a full
+//! resource refuses, not whoever came last.
 //!
 //! [`Admission`]: crate::admit::Admission
 
@@ -53,6 +54,9 @@ struct Refunds {
 pub(crate) struct ChargedTo {
     /// The client, as the session guard judges it (a keyed hash).
     pub(crate) client: u64,
+    /// The session id the call came on (its key): which caller of the client it is, where
+    /// the guard judges several ids as one client (a tenant's unverified pool).
+    pub(crate) id: u64,
     /// Admitted beyond the client's fair share.
     pub(crate) beyond_share: bool,
 }

@@ -508,6 +508,7 @@ impl Budget {
             taking.leases(leasing, false)?;
             call.charges().set_charged_to(ChargedTo {
                 client,
+                id: call.session.key(),
                 beyond_share: standing.beyond,
             });
             return Ok(());
@@ -537,6 +538,7 @@ impl Budget {
             Ok(()) => {
                 call.charges().set_charged_to(ChargedTo {
                     client,
+                    id: call.session.key(),
                     beyond_share,
                 });
                 return Ok(());
@@ -556,6 +558,7 @@ impl Budget {
         taking.force(Bucket::Global);
         call.charges().set_charged_to(ChargedTo {
             client,
+            id: call.session.key(),
             beyond_share: false,
         });
         Ok(())

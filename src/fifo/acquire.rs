@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
 use super::error::AcquireError;
-use super::key::{Key, KeyState, Waiter};
+use super::key::{Holder, Key, KeyState, Waiter, holder};
 use crate::charges::ChargedTo;
 
 /// Future returned by [`ResourceLimiter::acquire`](super::ResourceLimiter::acquire); resolves
@@ -61,46 +61,76 @@ impl Acquire {
 
     /// Names whom the budget charged the call to: a call within its client's share that
     /// finds the queue full may take the place of a waiter beyond its share, or of the client
-    /// holding the most places (the waiter is refused [`AcquireError::QueueFull`]). Without it
-    /// (the default) the caller neither takes nor gives a place.
+    /// holding the most places; any call, of the caller of its own client holding the most
+    /// (the waiter is refused [`AcquireError::QueueFull`]). Without it (the default) the
+    /// caller neither takes nor gives a place.
     pub(crate) fn charged_to(mut self, charged_to: Option<ChargedTo>) -> Self {
         self.charged_to = charged_to;
         self
     }
 
-    /// The queued waiter a call finding the queue full replaces, if any (its position): the
-    /// newest admitted beyond its share, else the newest of a client holding the most places,
-    /// if that is at least two more than the call's own client holds.
+    /// The queued waiter a call finding the queue full replaces, if any (its position). A
+    /// caller holds its running calls' places and its waiters'. A call within its client's
+    /// share replaces the newest waiter admitted beyond its share, else the newest of a client
+    /// holding the most places, if that is at least two more than the call's own client
+    /// holds. Else, whatever its share, the newest waiter of its own client's caller (its
+    /// client's id: the ids of a tenant's unverified pool are one client) holding the most,
+    /// if that is at least two more than the call's own id holds: the client holds as many
+    /// places as before, and one id's burst does not refuse the others judged with it.
     fn replaces(&self, state: &KeyState) -> Option<usize> {
-        let me = self.charged_to.filter(|c| !c.beyond_share)?;
+        let me = self.charged_to?;
         let of = |id: &u64| state.waiters[id].charged_to;
-        if let Some(p) = state
+        let mut clients: HashMap<u64, usize> = HashMap::new();
+        let mut callers: HashMap<Holder, usize> = HashMap::new();
+        let waiting = state.queue.iter().filter_map(|id| holder(of(id)));
+        for ((client, id), n) in state
+            .running
+            .iter()
+            .map(|(&h, &n)| (h, n))
+            .chain(waiting.map(|h| (h, 1)))
+        {
+            *clients.entry(client).or_default() += n;
+            *callers.entry((client, id)).or_default() += n;
+        }
+        let newest_of = |held: &dyn Fn(ChargedTo) -> bool| {
+            state.queue.iter().rposition(|id| of(id).is_some_and(held))
+        };
+        if !me.beyond_share {
+            if let Some(p) = newest_of(&|c| c.beyond_share) {
+                return Some(p);
+            }
+            let mine = clients.get(&me.client).copied().unwrap_or(0);
+            let most = state
+                .queue
+                .iter()
+                .filter_map(of)
+                .map(|c| clients[&c.client])
+                .max();
+            if let Some(most) = most.filter(|&most| most >= mine + 2) {
+                return newest_of(&|c| clients[&c.client] == most);
+            }
+        }
+        let caller = |c: ChargedTo| callers[&(c.client, c.id)];
+        let mine = callers.get(&(me.client, me.id)).copied().unwrap_or(0);
+        let ours = |c: &ChargedTo| c.client == me.client;
+        let most = state
             .queue
             .iter()
-            .rposition(|id| of(id).is_some_and(|c| c.beyond_share))
-        {
-            return Some(p);
-        }
-        let mut places: HashMap<u64, usize> = HashMap::new();
-        for c in state.queue.iter().filter_map(of) {
-            *places.entry(c.client).or_default() += 1;
-        }
-        let mine = places.get(&me.client).copied().unwrap_or(0);
-        let most = places.values().copied().max()?;
+            .filter_map(of)
+            .filter(ours)
+            .map(caller)
+            .max()?;
         if most < mine + 2 {
             return None;
         }
-        // The newest waiter of any client holding the most.
-        state
-            .queue
-            .iter()
-            .rposition(|id| of(id).is_some_and(|c| places[&c.client] == most))
+        newest_of(&|c| ours(&c) && caller(c) == most)
     }
 
     fn lease(&self, admitted: Instant, queue_wait: Duration) -> Lease {
         Lease {
             key: self.key.clone(),
             account: self.account.clone(),
+            holder: holder(self.charged_to),
             admitted,
             queue_wait,
         }
@@ -121,7 +151,8 @@ impl Acquire {
             && key.account_has_room(&state, self.account.as_ref())
             && key.ready_at(&mut state, now) <= now
         {
-            key.admit(&mut state, self.account.as_ref(), now);
+            let holder = holder(self.charged_to);
+            key.admit(&mut state, (self.account.as_ref(), holder), now);
             key.metrics.wait.record(0.0);
             return Ok(Some(self.lease(now, Duration::ZERO)));
         }
@@ -318,7 +349,10 @@ impl Drop for Acquire {
         };
         if waiter.granted.is_some() {
             // Admitted but never picked up: give the place back.
-            key.release(&mut state, waiter.account.as_ref());
+            key.release(
+                &mut state,
+                (waiter.account.as_ref(), holder(waiter.charged_to)),
+            );
         } else {
             state.queue.retain(|&q| q != id);
             key.metrics.depth.set(state.queue.len() as f64);
@@ -332,6 +366,7 @@ impl Drop for Acquire {
 pub struct Lease {
     key: Arc<Key>,
     account: Option<Arc<str>>,
+    holder: Option<Holder>,
     admitted: Instant,
     queue_wait: Duration,
 }
@@ -359,6 +394,7 @@ impl fmt::Debug for Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.key.end_lease(self.account.as_ref(), self.admitted);
+        self.key
+            .end_lease((self.account.as_ref(), self.holder), self.admitted);
     }
 }

@@ -65,9 +65,21 @@ pub(super) struct KeyState {
     pub(super) cooldown_until: Option<Instant>,
     pub(super) queue: VecDeque<u64>,
     pub(super) waiters: HashMap<u64, Waiter>,
+    /// The running calls of each caller the budget charged ([`Holder`]), while the queue's
+    /// depth is limited: with the waiters, the places each holds when the queue is full.
+    pub(super) running: HashMap<Holder, usize>,
     pub(super) next_id: u64,
     pub(super) hold_avg: Option<Duration>,
     pub(super) oldest_lease: Option<Instant>,
+}
+
+/// Who holds a place, as a full queue tells callers apart: the client the budget charged the
+/// call to, and the id it came on.
+pub(super) type Holder = (u64, u64);
+
+/// The holder of a call the budget charged.
+pub(super) fn holder(charged_to: Option<ChargedTo>) -> Option<Holder> {
+    charged_to.map(|c| (c.client, c.id))
 }
 
 pub(super) struct Waiter {
@@ -166,8 +178,16 @@ impl Key {
         at
     }
 
-    pub(super) fn admit(&self, state: &mut KeyState, account: Option<&Arc<str>>, now: Instant) {
+    pub(super) fn admit(
+        &self,
+        state: &mut KeyState,
+        (account, holder): (Option<&Arc<str>>, Option<Holder>),
+        now: Instant,
+    ) {
         state.in_flight += 1;
+        if let Some(h) = holder.filter(|_| state.limits.max_queue_depth.is_some()) {
+            *state.running.entry(h).or_insert(0) += 1;
+        }
         if state.in_flight == 1 {
             state.oldest_lease = Some(now);
         }
@@ -181,8 +201,20 @@ impl Key {
         self.metrics.admitted.increment(1);
     }
 
-    pub(super) fn release(&self, state: &mut KeyState, account: Option<&Arc<str>>) {
+    pub(super) fn release(
+        &self,
+        state: &mut KeyState,
+        (account, holder): (Option<&Arc<str>>, Option<Holder>),
+    ) {
         state.in_flight -= 1;
+        if let Some(h) = holder
+            && let Some(n) = state.running.get_mut(&h)
+        {
+            *n -= 1;
+            if *n == 0 {
+                state.running.remove(&h);
+            }
+        }
         if state.in_flight == 0 {
             state.oldest_lease = None;
         }
@@ -219,8 +251,9 @@ impl Key {
                 return Some((id, at));
             }
             state.queue.remove(pos);
-            let account = state.waiters[&id].account.clone();
-            self.admit(state, account.as_ref(), now);
+            let waiter = &state.waiters[&id];
+            let (account, holder) = (waiter.account.clone(), holder(waiter.charged_to));
+            self.admit(state, (account.as_ref(), holder), now);
             let waiter = state.waiters.get_mut(&id).expect("queued waiters exist");
             waiter.granted = Some(now);
             self.metrics
@@ -266,7 +299,11 @@ impl Key {
 
     /// A lease admitted at `admitted` ended: its hold time joins the key's average, its
     /// place is freed and the next waiter considered.
-    pub(super) fn end_lease(&self, account: Option<&Arc<str>>, admitted: Instant) {
+    pub(super) fn end_lease(
+        &self,
+        (account, holder): (Option<&Arc<str>>, Option<Holder>),
+        admitted: Instant,
+    ) {
         let now = Instant::now();
         let held = now - admitted;
         let mut state = self.lock();
@@ -274,7 +311,7 @@ impl Key {
             None => held,
             Some(avg) => avg.mul_f64(1.0 - HOLD_ALPHA) + held.mul_f64(HOLD_ALPHA),
         });
-        self.release(&mut state, account);
+        self.release(&mut state, (account, holder));
         self.pump(&mut state, now);
     }
 }

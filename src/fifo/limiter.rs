@@ -45,11 +45,13 @@ pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
 /// * **A full queue refuses the excess**: in the inbound layer, a call within its client's
 ///   fair share (as the adaptive budget judged it) that finds the queue at its depth takes the
 ///   place of the newest waiter admitted beyond its share, else of the newest waiter of the
-///   client holding the most places if that is at least two more than its own client holds;
-///   the waiter is refused `queue_full` as the call would have been. Only when there is no such
-///   waiter is the call refused. So clients within their share are not refused because
-///   heavier ones, or one client's burst, filled the queue first. Callers of [`acquire`] carry
-///   no client: first come, first served.
+///   client holding the most places (running calls and waiters) if that is at least two more
+///   than its own client holds; any call, of the newest waiter of its own client's id holding
+///   the most if that is at least two more than its own id holds (the ids of a tenant's
+///   unverified pool are one client); the waiter is refused `queue_full` as the call would
+///   have been. Only when there is no such waiter is the call refused. So clients within their
+///   share are not refused because heavier ones, or one client's burst, filled the queue
+///   first. Callers of [`acquire`] carry no client: first come, first served.
 ///
 /// [`acquire`]: ResourceLimiter::acquire
 /// * **Cancel safety**: dropping an [`Acquire`] future removes the waiter at once and lets the
@@ -351,6 +353,7 @@ mod tests {
     fn call(limiter: &ResourceLimiter, client: u64, beyond_share: bool) -> Acquire {
         limiter.acquire("db", None).charged_to(Some(ChargedTo {
             client,
+            id: client,
             beyond_share,
         }))
     }
@@ -436,10 +439,62 @@ mod tests {
         assert!(poll(&mut burst[1]).is_pending());
     }
 
+    /// Charged to `client`, on its id `id`, beyond its share.
+    fn of_pool(limiter: &ResourceLimiter, client: u64, id: u64) -> Acquire {
+        let charged = ChargedTo {
+            client,
+            id,
+            beyond_share: true,
+        };
+        limiter.acquire("db", None).charged_to(Some(charged))
+    }
+
+    /// A client's running call holds a place as its waiters do: a client running one call
+    /// and waiting with another holds two, and a call within its share takes its waiter's
+    /// place (one waiter each, as the queue alone counts, and it was refused itself).
+    #[test]
+    fn a_running_call_counts_among_its_clients_places() {
+        let limiter = limiter(2);
+        let Poll::Ready(Ok(_lease)) = poll(&mut call(&limiter, 1, false)) else {
+            panic!("the free place")
+        };
+        let mut waiter = call(&limiter, 1, false);
+        let mut other = call(&limiter, 2, false);
+        assert!(poll(&mut waiter).is_pending() && poll(&mut other).is_pending());
+        let mut third = call(&limiter, 3, false);
+        assert!(poll(&mut third).is_pending());
+        assert!(refused(&mut waiter), "the client holding two gives one up");
+        assert!(poll(&mut other).is_pending());
+    }
+
+    /// Ids the budget charges to one client (a tenant's unverified pool): a call of an id
+    /// holding nothing takes the newest place of the id holding the most, running or waiting,
+    /// whatever its share (the client holds as many places as before); an id holding one less
+    /// than two below the most is refused itself.
+    #[test]
+    fn a_call_takes_the_place_of_its_clients_id_holding_the_most() {
+        let limiter = limiter(2);
+        let Poll::Ready(Ok(_lease)) = poll(&mut of_pool(&limiter, 9, 1)) else {
+            panic!("the free place")
+        };
+        let mut second = of_pool(&limiter, 9, 1);
+        let mut other = of_pool(&limiter, 9, 2);
+        assert!(poll(&mut second).is_pending() && poll(&mut other).is_pending());
+        let mut newcomer = of_pool(&limiter, 9, 3);
+        assert!(poll(&mut newcomer).is_pending());
+        assert!(refused(&mut second), "id 1 held two places");
+        // Ids 1, 2 and 3 hold one each: id 4 is refused itself, and so is a call of another
+        // client beyond its share.
+        assert!(refused(&mut of_pool(&limiter, 9, 4)));
+        assert!(refused(&mut of_pool(&limiter, 8, 4)));
+        assert!(poll(&mut other).is_pending() && poll(&mut newcomer).is_pending());
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
-        /// A call of client 0..3 (4: not charged by the budget), beyond its share or not.
-        Arrive(u64, bool),
+        /// A call of client 0..3 (4: not charged by the budget) on its id 0 or 1, beyond its
+        /// share or not.
+        Arrive(u64, u64, bool),
         Release,
         Cancel(usize),
     }
@@ -449,36 +504,49 @@ mod tests {
         // Mostly arrivals, so the queue is often full; few clients, so they hold several
         // places each.
         prop_oneof![
-            4 => (0u64..5, proptest::bool::weighted(0.3)).prop_map(|(c, b)| Op::Arrive(c, b)),
+            4 => (0u64..5, 0u64..2, proptest::bool::weighted(0.3))
+                .prop_map(|(c, i, b)| Op::Arrive(c, i, b)),
             1 => Just(Op::Release),
             1 => (0usize..8).prop_map(Op::Cancel),
         ]
     }
 
-    /// The model's choice of the waiter a call within its share replaces in a full queue:
-    /// the newest beyond its share, else the newest of a client with the most places if that
-    /// is two more than the caller's.
-    fn model_replaces(
-        queue: &[(usize, Option<(u64, bool)>)],
-        me: Option<(u64, bool)>,
-    ) -> Option<usize> {
-        let (client, false) = me? else { return None };
-        if let Some(p) = queue.iter().rposition(|w| w.1.is_some_and(|c| c.1)) {
-            return Some(p);
+    /// A call as the model sees it: its client, its id and whether it is beyond its share.
+    type Charged = Option<(u64, u64, bool)>;
+
+    /// The model's choice of the waiter a call replaces in a full queue, counting the running
+    /// call's place and the waiters': for a call within its share, the newest beyond its
+    /// share, else the newest of a client with the most places if that is two more than the
+    /// caller's client; else the newest of the id of its own client with the most places if
+    /// that is two more than the caller's id.
+    fn model_replaces(queue: &[(usize, Charged)], running: Charged, me: Charged) -> Option<usize> {
+        let (client, id, beyond) = me?;
+        let holders = || queue.iter().map(|w| w.1).chain([running]).flatten();
+        let held = |c: u64| holders().filter(|h| h.0 == c).count();
+        let held_id = |c: u64, i: u64| holders().filter(|h| (h.0, h.1) == (c, i)).count();
+        if !beyond {
+            if let Some(p) = queue.iter().rposition(|w| w.1.is_some_and(|c| c.2)) {
+                return Some(p);
+            }
+            let most = queue.iter().filter_map(|w| w.1).map(|c| held(c.0)).max();
+            if let Some(most) = most.filter(|&m| m >= held(client) + 2) {
+                return queue
+                    .iter()
+                    .rposition(|w| w.1.is_some_and(|c| held(c.0) == most));
+            }
         }
-        let held = |c: u64| {
-            queue
-                .iter()
-                .filter(|w| w.1.is_some_and(|w| w.0 == c))
-                .count()
-        };
-        let most = (0..4).map(held).max()?;
-        if most < held(client) + 2 {
+        let ours = |w: &(usize, Charged)| w.1.filter(|c| c.0 == client);
+        let most = queue
+            .iter()
+            .filter_map(ours)
+            .map(|c| held_id(c.0, c.1))
+            .max()?;
+        if most < held_id(client, id) + 2 {
             return None;
         }
         queue
             .iter()
-            .rposition(|w| w.1.is_some_and(|c| held(c.0) == most))
+            .rposition(|w| ours(w).is_some_and(|c| held_id(c.0, c.1) == most))
     }
 
     proptest::proptest! {
@@ -490,26 +558,27 @@ mod tests {
             ops in proptest::collection::vec(op(), 1..60),
         ) {
             let limiter = limiter(depth);
-            let mut running = None::<usize>;
-            let mut queue = Vec::<(usize, Option<(u64, bool)>)>::new();
+            let mut running = None::<(usize, Charged)>;
+            let mut queue = Vec::<(usize, Charged)>::new();
             let mut refused = Vec::new();
             let mut waiting: Vec<(usize, Acquire)> = Vec::new();
             let mut lease: Option<(usize, Lease)> = None;
             let mut got_refused = Vec::new();
             for (id, op) in ops.into_iter().enumerate() {
                 match op {
-                    Op::Arrive(client, beyond) => {
-                        let me = (client < 4).then_some((client, beyond));
+                    Op::Arrive(client, caller, beyond) => {
+                        let me = (client < 4).then_some((client, caller, beyond));
                         let mut acquire = limiter.acquire("db", None);
-                        if let Some((client, beyond_share)) = me {
-                            acquire = acquire.charged_to(Some(ChargedTo { client, beyond_share }));
+                        if let Some((client, id, beyond_share)) = me {
+                            let charged = ChargedTo { client, id, beyond_share };
+                            acquire = acquire.charged_to(Some(charged));
                         }
                         if running.is_none() && queue.is_empty() {
-                            running = Some(id);
+                            running = Some((id, me));
                         } else if queue.len() < depth {
                             queue.push((id, me));
                         } else {
-                            match model_replaces(&queue, me) {
+                            match model_replaces(&queue, running.and_then(|r| r.1), me) {
                                 Some(p) => {
                                     refused.push(queue.remove(p).0);
                                     queue.push((id, me));
@@ -521,7 +590,7 @@ mod tests {
                     }
                     Op::Release => {
                         if running.take().is_some() {
-                            running = (!queue.is_empty()).then(|| queue.remove(0).0);
+                            running = (!queue.is_empty()).then(|| queue.remove(0));
                         }
                         lease = None;
                     }
@@ -553,7 +622,7 @@ mod tests {
                 let mut want = refused.clone();
                 want.sort_unstable();
                 proptest::prop_assert_eq!(&got_refused, &want);
-                proptest::prop_assert_eq!(lease.as_ref().map(|l| l.0), running);
+                proptest::prop_assert_eq!(lease.as_ref().map(|l| l.0), running.map(|r| r.0));
                 let queued: Vec<usize> = queue.iter().map(|w| w.0).collect();
                 let pending: Vec<usize> = waiting.iter().map(|w| w.0).collect();
                 proptest::prop_assert_eq!(pending, queued);
