@@ -1,6 +1,5 @@
 //! Waiting for a place on a key ([`Acquire`]) and holding it ([`Lease`]).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -11,7 +10,7 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
 use super::error::AcquireError;
-use super::key::{Holder, Key, KeyState, Waiter, holder};
+use super::key::{ByHolder, Holder, Key, KeyState, Waiter, holder};
 use crate::charges::ChargedTo;
 
 /// Future returned by [`ResourceLimiter::acquire`](super::ResourceLimiter::acquire); resolves
@@ -80,8 +79,8 @@ impl Acquire {
     fn replaces(&self, state: &KeyState) -> Option<usize> {
         let me = self.charged_to?;
         let of = |id: &u64| state.waiters[id].charged_to;
-        let mut clients: HashMap<u64, usize> = HashMap::new();
-        let mut callers: HashMap<Holder, usize> = HashMap::new();
+        let mut clients = ByHolder::<u64>::default();
+        let mut callers = ByHolder::default();
         let waiting = state.queue.iter().filter_map(|id| holder(of(id)));
         for ((client, id), n) in state
             .running

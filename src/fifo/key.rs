@@ -2,6 +2,7 @@
 //! behind one short mutex, and the pump that admits its waiters in order.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::limits::ResourceLimits;
+use crate::bounded::PassThrough;
 use crate::charges::ChargedTo;
 use crate::metrics;
 
@@ -67,7 +69,7 @@ pub(super) struct KeyState {
     pub(super) waiters: HashMap<u64, Waiter>,
     /// The running calls of each caller the budget charged ([`Holder`]), while the queue's
     /// depth is limited: with the waiters, the places each holds when the queue is full.
-    pub(super) running: HashMap<Holder, usize>,
+    pub(super) running: ByHolder,
     pub(super) next_id: u64,
     pub(super) hold_avg: Option<Duration>,
     pub(super) oldest_lease: Option<Instant>,
@@ -76,6 +78,9 @@ pub(super) struct KeyState {
 /// Who holds a place, as a full queue tells callers apart: the client the budget charged the
 /// call to, and the id it came on.
 pub(super) type Holder = (u64, u64);
+
+/// Counts per holder (or per client), hashed as they come: their keys are keyed hashes.
+pub(super) type ByHolder<K = Holder> = HashMap<K, usize, BuildHasherDefault<PassThrough>>;
 
 /// The holder of a call the budget charged.
 pub(super) fn holder(charged_to: Option<ChargedTo>) -> Option<Holder> {
