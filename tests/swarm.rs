@@ -399,6 +399,19 @@ fn refused_at_most_twice(f: &Figures) {
     );
 }
 
+/// No call of an innocent agent ended otherwise than "ok" in `run` run.
+#[track_caller]
+fn refused_never(run: &str, f: &Figures) {
+    assert_eq!(
+        (not_ok(&f.steady), not_ok(&f.complex)),
+        (vec![], vec![]),
+        "{run} run: steady {:?}, complex {:?}, runaway {:?}",
+        f.steady,
+        f.complex,
+        f.swarm
+    );
+}
+
 /// The outcomes other than "ok".
 fn not_ok(o: &BTreeMap<String, usize>) -> Vec<(String, usize)> {
     o.iter()
@@ -510,14 +523,7 @@ async fn after_a_swarm_new_stateless_clients_of_its_tenant_are_never_refused() {
     let first = agents(&router, &control, Scenario::Swarm, 1, (500, 500), start).await;
     let second = agents(&router, &control, Scenario::Stateless, 1, (500, 500), start).await;
     for (run, f) in [("the swarm's", &first), ("the stateless agents'", &second)] {
-        assert_eq!(
-            (not_ok(&f.steady), not_ok(&f.complex)),
-            (vec![], vec![]),
-            "{run} run: steady {:?}, complex {:?}, runaway {:?}",
-            f.steady,
-            f.complex,
-            f.swarm
-        );
+        refused_never(run, f);
     }
     let swarm = &second.swarm;
     assert!(
@@ -536,15 +542,7 @@ async fn after_a_swarm_new_stateless_clients_of_its_tenant_are_never_refused() {
 /// complex 104 and 2.
 #[tokio::test(start_paused = true)]
 async fn a_swarm_starting_with_the_other_agents_refuses_nobody_else() {
-    let f = from_the_start(Scenario::Swarm).await;
-    assert_eq!(
-        (not_ok(&f.steady), not_ok(&f.complex)),
-        (vec![], vec![]),
-        "steady {:?}, complex {:?}, runaway {:?}",
-        f.steady,
-        f.complex,
-        f.swarm
-    );
+    refused_never("the", &from_the_start(Scenario::Swarm).await);
 }
 
 /// The runaway starts with the other agents and presents a new token on every call
