@@ -4,10 +4,11 @@
 //! A request reads its body before it calls the rest of the stack, so it needs a service of its
 //! own. A fresh copy per request is a write to every shared reference count the stack below
 //! holds (each stage's state, the MCP service's), made on whichever worker runs the request and
-//! undone when it ends: with two workers, those are the same cache lines written by both. So a copy is handed back once its request has called it and kept for
-//! the next request on the same thread (one per thread), and only a request that finds none
-//! at hand copies the original: the first on a thread, or one whose thread is still reading
-//! another request's body.
+//! undone when it ends: with two workers, those are the same cache lines written by both. So a
+//! copy is handed back once its request has called it and kept for the next request on the
+//! same thread (one per thread), and only a request that finds none at hand copies the
+//! original: the first on a thread, or one whose thread is still reading another request's
+//! body.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
