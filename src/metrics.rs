@@ -140,7 +140,7 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 use crate::bounded::{Bounded, key_of};
 use crate::call::{Call, CallKind};
 use crate::outcome::{Observation, Observer, Outcome};
-use crate::rejection::Rejection;
+use crate::rejection::{Reason, Rejection, Scope};
 
 /// Default number of distinct tenant (and tool) label values before `other`.
 pub const DEFAULT_LABEL_CAP: usize = 100;
@@ -244,10 +244,7 @@ impl Labels {
     pub(crate) fn tool_of(&self, tool: Option<&crate::Name>) -> (SharedString, u64) {
         match tool {
             Some(t) => self.tools.label_at(t.key(), t.as_str()),
-            None => {
-                static NONE: LazyLock<u64> = LazyLock::new(|| key_of("none"));
-                self.tools.label_at(*NONE, "none")
-            }
+            None => self.tools.label_at(*NONE_KEY, "none"),
         }
     }
 
@@ -256,6 +253,9 @@ impl Labels {
         self.tools.label(tool.unwrap_or("none"))
     }
 }
+
+/// The key of the `tool` label of calls without a target, `none`.
+static NONE_KEY: LazyLock<u64> = LazyLock::new(|| key_of("none"));
 
 /// Histogram buckets for durations in seconds: 1 ms to 30 s.
 pub const SECONDS_BUCKETS: [f64; 14] = [
@@ -310,10 +310,13 @@ impl MessageCounts {
 /// [`Control`](crate::control::Control) does), with the stack's [`Labels`].
 ///
 /// The metric handles of each (tenant label, tool label) pair are resolved once, when a call
-/// of the pair first finishes, and kept (at most [`MAX_LABEL_PAIRS`] pairs; past them a call's
-/// handles are resolved for it alone): so they belong to the recorder installed then. The
-/// pairs are of capped labels, so their number is bounded by the label caps, whatever names
-/// clients send.
+/// of the pair first finishes or is refused, and kept (at most [`MAX_LABEL_PAIRS`] pairs; past
+/// them a call's handles are resolved for it alone): so they belong to the recorder installed
+/// then. The pairs are of capped labels, so their number is bounded by the label caps,
+/// whatever names clients send. A pair is kept under its labels' keys, which are the keys of
+/// the names they label, so a call whose tenant and tool are both labelled finds its handles
+/// in one lookup, by the keys it carries; only a call with a name past a cap (`other`) looks
+/// its labels up first.
 #[derive(Clone)]
 pub struct CallMetrics {
     labels: Arc<Labels>,
@@ -336,6 +339,21 @@ struct PairHandles {
     calls: [OnceLock<Counter>; Outcome::COUNT + 1],
     /// `stormgate_service_time_seconds` of the tool.
     service_time: OnceLock<Histogram>,
+    /// `stormgate_rejected_total` by reason and scope (at [`refusal`]'s place), made at the
+    /// pair's first refusal: most pairs are never refused.
+    refusals: OnceLock<Box<[OnceLock<Counter>]>>,
+}
+
+/// Scopes a refusal can name: [`Scope`]'s variants, `Resource` the last.
+const SCOPES: usize = Scope::Resource as usize + 1;
+
+/// The place of a refusal's (reason, scope) in [`PairHandles::refusals`].
+fn refusal(r: &Rejection) -> usize {
+    let reason = Reason::ALL
+        .iter()
+        .position(|&x| x == r.reason())
+        .unwrap_or(0);
+    reason * SCOPES + r.scope() as usize
 }
 
 /// The place of `result="rejected"` in [`PairHandles::calls`].
@@ -348,6 +366,7 @@ impl PairHandles {
             tool,
             calls: Default::default(),
             service_time: OnceLock::new(),
+            refusals: OnceLock::new(),
         }
     }
 
@@ -369,6 +388,25 @@ impl PairHandles {
     fn service_time(&self) -> &Histogram {
         self.service_time
             .get_or_init(|| ::metrics::histogram!(SERVICE_TIME, "tool" => self.tool.clone()))
+    }
+
+    /// Counts one refusal of a call of the pair.
+    fn refused(&self, r: &Rejection) {
+        self.refusals.get_or_init(|| {
+            (0..Reason::ALL.len() * SCOPES)
+                .map(|_| OnceLock::new())
+                .collect()
+        })[refusal(r)]
+        .get_or_init(|| {
+            ::metrics::counter!(
+                REJECTED,
+                "reason" => r.reason().as_str(),
+                "scope" => r.scope().as_str(),
+                "tenant" => self.tenant.clone(),
+                "tool" => self.tool.clone(),
+            )
+        })
+        .increment(1);
     }
 }
 
@@ -399,6 +437,15 @@ impl CallMetrics {
 
     /// The handles of `call`'s (tenant, tool) labels.
     fn pair(&self, call: &Call) -> Arc<PairHandles> {
+        // A labelled name's label key is its own key: a pair of labelled names is found by
+        // the call's keys, without a look at the labels.
+        let tool_key = call.target_name().map_or_else(|| *NONE_KEY, |t| t.key());
+        if let Some(kept) = self
+            .pairs
+            .get(self.pairs.key(&(call.tenant.key(), tool_key)))
+        {
+            return kept;
+        }
         let (tenant, tenant_key) = self.labels.tenant_of(&call.tenant);
         let (tool, tool_key) = self.labels.tool_of(call.target_name());
         // The pair of labels, by their keys (a label's key is its text's).
@@ -423,14 +470,7 @@ impl Observer for CallMetrics {
     fn refused(&self, call: &Call, r: &Rejection) {
         let pair = self.pair(call);
         pair.count(REJECTED_RESULT);
-        ::metrics::counter!(
-            REJECTED,
-            "reason" => r.reason().as_str(),
-            "scope" => r.scope().as_str(),
-            "tenant" => pair.tenant.clone(),
-            "tool" => pair.tool.clone(),
-        )
-        .increment(1);
+        pair.refused(r);
     }
 }
 
@@ -438,49 +478,147 @@ impl Observer for CallMetrics {
 mod tests {
     use super::*;
 
-    #[test]
-    fn call_metrics_resolve_each_label_pair_once_and_count_every_call() {
+    /// What a fresh Prometheus recorder renders after `f` ran with it installed.
+    fn scrape_of(f: impl FnOnce()) -> String {
         let recorder = prometheus_builder().build_recorder();
         let handle = recorder.handle();
-        ::metrics::with_local_recorder(&recorder, || {
+        ::metrics::with_local_recorder(&recorder, f);
+        handle.render()
+    }
+
+    fn assert_series(scrape: &str, lines: &[&str]) {
+        for line in lines {
+            assert!(scrape.contains(line), "{line} in\n{scrape}");
+        }
+    }
+
+    /// A `tools/call` of `tool` by `tenant`.
+    fn call(tenant: &str, tool: &str) -> Call {
+        Call::request("tools/call")
+            .with_tool(tool)
+            .with_tenant(crate::Tenant::new(tenant))
+    }
+
+    /// `call` finished with `outcome`, as the outcome layer tells its observers.
+    fn finished(call: &Call, outcome: Outcome) -> Observation<'_> {
+        Observation {
+            call,
+            outcome,
+            service_time: Duration::from_millis(1),
+            response_bytes: 0,
+            queue_wait: Duration::ZERO,
+            at: tokio::time::Instant::now(),
+        }
+    }
+
+    #[test]
+    fn call_metrics_resolve_each_label_pair_once_and_count_every_call() {
+        let mut pairs = 0;
+        let scrape = scrape_of(|| {
             let metrics = CallMetrics::new(Arc::new(Labels::with_caps(2, 2)));
             for tenant in 0..50 {
                 for tool in 0..50 {
-                    let call = Call::request("tools/call")
-                        .with_tool(format!("t{tool}").as_str())
-                        .with_tenant(crate::Tenant::new(format!("n{tenant}")));
-                    metrics.observe(&Observation {
-                        call: &call,
-                        outcome: if tool == 0 {
-                            Outcome::Error
-                        } else {
-                            Outcome::Ok
-                        },
-                        service_time: Duration::from_millis(1),
-                        response_bytes: 0,
-                        queue_wait: Duration::ZERO,
-                        at: tokio::time::Instant::now(),
-                    });
+                    let call = call(&format!("n{tenant}"), &format!("t{tool}"));
+                    let outcome = if tool == 0 {
+                        Outcome::Error
+                    } else {
+                        Outcome::Ok
+                    };
+                    metrics.observe(&finished(&call, outcome));
                 }
             }
-            // Two labelled tenants and `other`, two labelled tools and `other`: nine pairs,
-            // however many names came.
-            assert_eq!(metrics.pairs.len(), 9);
-            let scrape = handle.render();
-            for line in [
+            pairs = metrics.pairs.len();
+        });
+        // Two labelled tenants and `other`, two labelled tools and `other`: nine pairs,
+        // however many names came.
+        assert_eq!(pairs, 9);
+        assert_series(
+            &scrape,
+            &[
                 r#"stormgate_calls_total{tenant="other",tool="other",result="ok"} 2304"#,
                 r#"stormgate_calls_total{tenant="n0",tool="t0",result="error"} 1"#,
                 r#"stormgate_calls_total{tenant="n0",tool="other",result="ok"} 48"#,
                 r#"stormgate_outcomes_total{outcome="ok"} 2450"#,
                 r#"stormgate_outcomes_total{outcome="error"} 50"#,
                 r#"stormgate_service_time_seconds_count{tool="other"} 2400"#,
-            ] {
-                assert!(scrape.contains(line), "{line} in\n{scrape}");
+            ],
+        );
+        // Only the results that happened are series.
+        assert!(!scrape.contains(r#"tool="t1",result="error""#), "{scrape}");
+        assert!(!scrape.contains(r#"outcome="timeout""#), "{scrape}");
+    }
+
+    #[test]
+    fn refusals_are_counted_by_reason_scope_tenant_and_tool() {
+        let scrape = scrape_of(|| {
+            let metrics = CallMetrics::new(Arc::new(Labels::with_caps(1, 10)));
+            let storm = Rejection::new(
+                Reason::SessionStorm,
+                Scope::AgentSession,
+                Duration::from_secs(1),
+            );
+            let full = Rejection::new(Reason::QueueFull, Scope::Resource, Duration::ZERO);
+            for _ in 0..3 {
+                metrics.refused(&call("a", "search"), &storm);
             }
-            // Only the results that happened are series.
-            assert!(!scrape.contains(r#"tool="t1",result="error""#), "{scrape}");
-            assert!(!scrape.contains(r#"outcome="timeout""#), "{scrape}");
+            metrics.refused(&call("a", "search"), &full);
+            metrics.refused(&call("a", "scan"), &full);
+            // Past the tenant cap: `other`, as many tenants as come.
+            metrics.refused(&call("b", "search"), &storm);
+            metrics.refused(&call("c", "search"), &storm);
         });
+        assert_series(
+            &scrape,
+            &[
+                r#"stormgate_rejected_total{reason="session_storm",scope="agent_session",tenant="a",tool="search"} 3"#,
+                r#"stormgate_rejected_total{reason="queue_full",scope="resource",tenant="a",tool="search"} 1"#,
+                r#"stormgate_rejected_total{reason="queue_full",scope="resource",tenant="a",tool="scan"} 1"#,
+                r#"stormgate_rejected_total{reason="session_storm",scope="agent_session",tenant="other",tool="search"} 2"#,
+                r#"stormgate_calls_total{tenant="a",tool="search",result="rejected"} 4"#,
+                r#"stormgate_calls_total{tenant="other",tool="search",result="rejected"} 2"#,
+            ],
+        );
+    }
+
+    #[test]
+    fn every_reason_and_scope_has_a_refusal_counter_of_its_own() {
+        let scopes = [
+            Scope::Global,
+            Scope::Tenant,
+            Scope::AgentSession,
+            Scope::Tool,
+            Scope::Resource,
+        ];
+        let mut places = std::collections::HashSet::new();
+        for reason in Reason::ALL {
+            for scope in scopes {
+                let at = refusal(&Rejection::new(reason, scope, Duration::ZERO));
+                assert!(at < Reason::ALL.len() * SCOPES, "{reason:?} {scope:?}");
+                assert!(places.insert(at), "{reason:?} {scope:?} shares a place");
+            }
+        }
+    }
+
+    #[test]
+    fn a_name_past_a_cap_gets_its_label_once_the_cap_is_raised() {
+        let scrape = scrape_of(|| {
+            let labels = Arc::new(Labels::with_caps(1, 1));
+            let metrics = CallMetrics::new(labels.clone());
+            let observe = |tenant| metrics.observe(&finished(&call(tenant, "search"), Outcome::Ok));
+            observe("a");
+            observe("b");
+            labels.set_caps(2, 1);
+            observe("b");
+            observe("b");
+        });
+        assert_series(
+            &scrape,
+            &[
+                r#"stormgate_calls_total{tenant="a",tool="search",result="ok"} 1"#,
+                r#"stormgate_calls_total{tenant="other",tool="search",result="ok"} 1"#,
+                r#"stormgate_calls_total{tenant="b",tool="search",result="ok"} 2"#,
+            ],
+        );
     }
 
     #[test]
