@@ -5,10 +5,37 @@
 //! name past either bound (a client can make up a new tool name per call) is copied for its
 //! call alone, as it would be without the table: nothing is lost but the sharing.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use crate::bounded::Bounded;
 use crate::call::Name;
+
+/// The methods MCP's clients send, most frequent first: each shared by every table of the
+/// process from the start, and found by its text, with no hash and no look in a table.
+const METHODS: [&str; 19] = [
+    "tools/call",
+    "notifications/initialized",
+    "initialize",
+    "tools/list",
+    "ping",
+    "resources/read",
+    "prompts/get",
+    "notifications/cancelled",
+    "notifications/progress",
+    "resources/list",
+    "resources/templates/list",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "completion/complete",
+    "logging/setLevel",
+    "notifications/roots/list_changed",
+    "tasks/get",
+    "tasks/result",
+];
+
+/// [`METHODS`], shared.
+static KNOWN: LazyLock<[Arc<str>; METHODS.len()]> = LazyLock::new(|| METHODS.map(Arc::from));
 
 /// Names kept at most.
 pub(crate) const MAX_NAMES: usize = 4096;
@@ -26,6 +53,15 @@ impl Default for Names {
 }
 
 impl Names {
+    /// A call's method, shared: one of MCP's methods (see [`METHODS`]) without a look in the
+    /// table, any other kept as a name is.
+    pub(crate) fn method(&self, method: &str) -> Arc<str> {
+        match METHODS.iter().position(|&m| m == method) {
+            Some(i) => KNOWN[i].clone(),
+            None => self.get(method).into_shared(),
+        }
+    }
+
     /// `name`, shared when it is kept, with its key (hashed once, here).
     pub(crate) fn get(&self, name: &str) -> Name {
         let key = self.0.key(name);
@@ -64,9 +100,37 @@ mod tests {
             assert_eq!(&*names.get(&format!("t{i}")), format!("t{i}"));
         }
         assert_eq!(names.0.len(), MAX_NAMES, "never past the bound");
+        assert_eq!(&*names.method("tools/call"), "tools/call");
+        assert_eq!(
+            &*names.method("t1"),
+            "t1",
+            "a made-up method: a name of the table"
+        );
+        assert_eq!(&*names.method("x/y"), "x/y", "past the bound: its own copy");
         assert!(
             Arc::ptr_eq(a.shared(), names.get("tools/call").shared()),
             "kept names stay"
         );
+    }
+
+    #[test]
+    fn a_known_method_is_shared_by_every_table_and_stores_nothing() {
+        let (a, b) = (Names::default(), Names::default());
+        for m in METHODS {
+            assert_eq!(&*a.method(m), m);
+            assert!(Arc::ptr_eq(&a.method(m), &b.method(m)), "{m}");
+        }
+        assert!(a.0.is_empty(), "known methods take no place in the table");
+        let own = a.method("vendor/custom");
+        assert!(
+            !Arc::ptr_eq(&own, &b.method("vendor/custom")),
+            "each table keeps its own"
+        );
+        assert!(
+            Arc::ptr_eq(&own, &a.method("vendor/custom")),
+            "kept as a name"
+        );
+        let distinct: std::collections::HashSet<_> = METHODS.iter().collect();
+        assert_eq!(distinct.len(), METHODS.len(), "no method listed twice");
     }
 }

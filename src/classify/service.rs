@@ -253,7 +253,7 @@ pub(crate) fn classify(
             Call {
                 kind: m.kind,
                 id: m.id.map(|raw| crate::call::RequestId::in_body(body, raw)),
-                method: method.map(|n| shared.names.get(n).into_shared()),
+                method: method.map(|n| shared.names.method(n)),
                 tool: tool_name,
                 resource: resource.map(Name::from), // a uri is more an argument than a name: not kept
                 prompt: prompt.map(|n| shared.names.get(n)),
