@@ -32,7 +32,7 @@ use super::key::hash_arguments;
 use super::window::SessionWindow;
 use crate::admit::AdmitLayer;
 use crate::bounded::{Bounded, OVERFLOW};
-use crate::call::{Call, SessionId, Tenant};
+use crate::call::{Call, Name, SessionId, Tenant};
 use crate::clients::Judge;
 use crate::clients::sealed::Judging;
 use crate::metrics;
@@ -249,7 +249,8 @@ impl SessionGuard {
     pub fn resource_key(&self, call: &Call) -> u64 {
         let mut h = self.inner.keys.build_hasher();
         call.method.hash(&mut h);
-        call.target().hash(&mut h);
+        // The target by the key it carries (its text's keyed hash, taken once per call).
+        h.write_u64(call.target_name().map_or(0, Name::key));
         if let (Some(tool), Some(args)) = (call.tool.as_deref(), call.arguments.as_ref())
             && self.inner.switch.of(call).mode != Mode::Off
         {
