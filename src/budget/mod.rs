@@ -464,6 +464,8 @@ impl Budget {
 #[derive(Debug)]
 pub struct BudgetPermit {
     charged: Charged,
+    /// The sampler's part that counted the call's cost, which its refund is given back to.
+    part: usize,
 }
 
 impl Budget {
@@ -578,6 +580,7 @@ impl Admission for Budget {
             // and refusing `initialize` would keep a client from connecting at all.
             return Ok(BudgetPermit {
                 charged: Charged::default(),
+                part: 0,
             });
         }
         let now = self.at(now);
@@ -598,12 +601,12 @@ impl Admission for Budget {
         .map_err(Self::reject)?;
         let charged = taking.commit();
         // Measured in every mode.
-        self.inner.global.sampler.admitted(cost);
+        let part = self.inner.global.sampler.admitted(cost);
         if let Some(t) = charged.tenant() {
             t.admitted
                 .fetch_add(cost, std::sync::atomic::Ordering::Relaxed);
         }
-        Ok(BudgetPermit { charged })
+        Ok(BudgetPermit { charged, part })
     }
 
     fn refund(&self, mut permit: BudgetPermit) {
@@ -612,7 +615,7 @@ impl Admission for Budget {
             return; // chatter: nothing was charged or counted
         }
         permit.charged.give_back(self.ledger(), self.now());
-        self.inner.global.sampler.refunded(cost);
+        self.inner.global.sampler.refunded(cost, permit.part);
     }
 }
 
