@@ -24,7 +24,9 @@
 //!   calls spread over all of them (governor's keyed check beside it).
 //! * **stack with metrics**: the adaptive stack again with the Prometheus recorder installed,
 //!   as the example server runs it (every other group runs with the `metrics` facade's no-op
-//!   recorder). It runs last because a recorder is process-wide.
+//!   recorder), and a call the stack refuses (fixed mode, a session rate no call keeps up
+//!   with: the refusal written, counted and told to the observers, as in a storm). It runs
+//!   last because a recorder is process-wide.
 //!
 //! **Time is the benchmark thread's CPU time** (`CLOCK_THREAD_CPUTIME_ID`), not wall time:
 //! this machine is shared with other builds, and wall-clock medians moved by up to 50% between
@@ -773,8 +775,49 @@ fn stack_with_metrics(c: &mut Criterion) {
     let (_control, protected) = warmed(&rt, Mode::Adaptive, inner(), &sessions);
     let mut g = c.benchmark_group("stack with the Prometheus recorder");
     bench_http(&mut g, "stormgate adaptive", &rt, &protected, &sessions);
+    let refusing = refusing(&rt, &sessions);
+    bench_http(&mut g, "a refused call", &rt, &refusing, &sessions);
     g.finish();
     assert_admitted(&rt, &protected, &sessions);
+    assert_refused(&rt, &refusing, &sessions);
+}
+
+/// The whole stack in fixed mode with a session rate no call keeps up with: after each
+/// session's first call, every call is refused by the session guard (the storm's path: the
+/// refusal written, counted in the metrics and told to every observer), checked.
+fn refusing(rt: &Runtime, sessions: &[HeaderValue]) -> Router {
+    let mut config = config();
+    config.fixed.session_rate = Some(Positive::new(1e-9).unwrap());
+    let control = Control::new(config).unwrap();
+    control.set_mode(Mode::Fixed);
+    let protected = control.wrap(inner());
+    for s in sessions {
+        let id = SessionId::new(s.to_str().unwrap());
+        assert!(control.stages().sessions.accept(&id, &Tenant::anonymous()));
+    }
+    rt.block_on(async {
+        let mut svc = protected.clone();
+        for s in sessions {
+            one(&mut svc, request(s)).await; // each session's one admitted call
+        }
+    });
+    assert_refused(rt, &protected, sessions);
+    protected
+}
+
+/// Panics unless `svc` refuses 2 000 calls (spread over the sessions) as rate limited.
+fn assert_refused(rt: &Runtime, svc: &Router, sessions: &[HeaderValue]) {
+    rt.block_on(async {
+        let mut svc = svc.clone();
+        for i in 0..2_000 {
+            let body = one(&mut svc, request(&sessions[i % sessions.len()])).await;
+            let body = String::from_utf8_lossy(&body);
+            assert!(
+                body.contains("fixed_limit_exceeded"),
+                "a call was not refused: {body}"
+            );
+        }
+    });
 }
 
 criterion_group! {
