@@ -303,6 +303,55 @@ impl MessageCounts {
     }
 }
 
+/// A stage's counter of the calls it refused, by reason (`reason` label, as
+/// `stormgate_budget_rejected_total` has) or in one series, each handle resolved when first
+/// used (so it belongs to the recorder installed then): counting a refusal is one increment,
+/// not a look-up in the recorder's registry, on a storm's path.
+#[derive(Debug)]
+pub(crate) struct RefusalCounts {
+    name: &'static str,
+    by_reason: bool,
+    counters: [OnceLock<Counter>; Reason::ALL.len()],
+}
+
+impl RefusalCounts {
+    /// `name` by the refusal's reason.
+    pub(crate) fn by_reason(name: &'static str) -> Self {
+        RefusalCounts {
+            name,
+            by_reason: true,
+            counters: Default::default(),
+        }
+    }
+
+    /// `name`, one series for every reason.
+    pub(crate) fn total(name: &'static str) -> Self {
+        RefusalCounts {
+            by_reason: false,
+            ..Self::by_reason(name)
+        }
+    }
+
+    /// Counts one refusal for `reason`.
+    pub(crate) fn count(&self, reason: Reason) {
+        let at = if self.by_reason { index(reason) } else { 0 };
+        self.counters[at]
+            .get_or_init(|| {
+                if self.by_reason {
+                    ::metrics::counter!(self.name, "reason" => reason.as_str())
+                } else {
+                    ::metrics::counter!(self.name)
+                }
+            })
+            .increment(1);
+    }
+}
+
+/// `reason`'s place in [`Reason::ALL`].
+fn index(reason: Reason) -> usize {
+    Reason::ALL.iter().position(|&r| r == reason).unwrap_or(0)
+}
+
 /// The observer that counts calls by tenant, tool and result, times them per tool, and counts
 /// refusals by reason, scope, tenant and tool. Give it to both the
 /// [`OutcomeLayer`](crate::outcome::OutcomeLayer) and the
@@ -349,11 +398,7 @@ const SCOPES: usize = Scope::Resource as usize + 1;
 
 /// The place of a refusal's (reason, scope) in [`PairHandles::refusals`].
 fn refusal(r: &Rejection) -> usize {
-    let reason = Reason::ALL
-        .iter()
-        .position(|&x| x == r.reason())
-        .unwrap_or(0);
-    reason * SCOPES + r.scope() as usize
+    index(r.reason()) * SCOPES + r.scope() as usize
 }
 
 /// The place of `result="rejected"` in [`PairHandles::calls`].
@@ -576,6 +621,31 @@ mod tests {
                 r#"stormgate_rejected_total{reason="session_storm",scope="agent_session",tenant="other",tool="search"} 2"#,
                 r#"stormgate_calls_total{tenant="a",tool="search",result="rejected"} 4"#,
                 r#"stormgate_calls_total{tenant="other",tool="search",result="rejected"} 2"#,
+            ],
+        );
+    }
+
+    #[test]
+    fn a_stages_refusals_are_counted_by_reason_or_in_one_series() {
+        let scrape = scrape_of(|| {
+            let by_reason = RefusalCounts::by_reason(BUDGET_REJECTED);
+            let total = RefusalCounts::total(SESSION_REJECTED);
+            for reason in [
+                Reason::GlobalBudgetExceeded,
+                Reason::GlobalBudgetExceeded,
+                Reason::TenantBudgetExceeded,
+            ] {
+                by_reason.count(reason);
+                total.count(reason);
+            }
+            total.count(Reason::SessionStorm);
+        });
+        assert_series(
+            &scrape,
+            &[
+                r#"stormgate_budget_rejected_total{reason="global_budget_exceeded"} 2"#,
+                r#"stormgate_budget_rejected_total{reason="tenant_budget_exceeded"} 1"#,
+                "stormgate_session_rejected_total 4",
             ],
         );
     }

@@ -106,6 +106,8 @@ struct Inner {
     client_keys: ClientKeys,
     /// Each client's recent demand, for the fair shares inside the shared buckets.
     clients: fair::Clients,
+    /// `stormgate_budget_rejected_total` by reason.
+    rejected: metrics::RefusalCounts,
 }
 
 /// Everything a reload may change.
@@ -223,6 +225,7 @@ impl BudgetBuilder {
                 costs: Arc::new(Costs::new(self.costs)),
                 client_keys: ClientKeys::default(),
                 clients: fair::Clients::new(),
+                rejected: metrics::RefusalCounts::by_reason(metrics::BUDGET_REJECTED),
                 settings: Live::new(settings),
             }),
         };
@@ -440,13 +443,13 @@ impl Budget {
         })
     }
 
-    fn reject(refusal: Refusal) -> Rejection {
+    fn reject(&self, refusal: Refusal) -> Rejection {
         let Refusal {
             reason,
             scope,
             wait,
         } = refusal;
-        ::metrics::counter!(metrics::BUDGET_REJECTED, "reason" => reason.as_str()).increment(1);
+        self.inner.rejected.count(reason);
         Rejection::new(reason, scope, Duration::from_nanos(wait))
     }
 
@@ -598,7 +601,7 @@ impl Admission for Budget {
                 self.admit_adaptive(call, cost, &mut taking, now, (&policy, &settings))
             }
         }
-        .map_err(Self::reject)?;
+        .map_err(|r| self.reject(r))?;
         let charged = taking.commit();
         // Measured in every mode.
         let part = self.inner.global.sampler.admitted(cost);

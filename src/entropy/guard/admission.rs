@@ -14,7 +14,6 @@ use super::{SessionGuard, lock};
 use crate::admit::Admission;
 use crate::call::Call;
 use crate::entropy::score::{budget_factor, distress, storm_score};
-use crate::metrics;
 use crate::policy::Mode;
 use crate::rejection::{Reason, Rejection, Scope};
 use crate::stats::ns;
@@ -201,7 +200,7 @@ impl Admission for SessionGuard {
             } else {
                 reason
             };
-            ::metrics::counter!(metrics::SESSION_REJECTED).increment(1);
+            self.inner.rejected.count(reason);
             Err(Rejection::new(reason, Scope::AgentSession, told))
         }
     }

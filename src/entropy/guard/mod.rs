@@ -98,6 +98,8 @@ struct Inner {
     top: Mutex<Vec<SessionSummary>>,
     /// The key of every resource key's hash, random per guard.
     keys: RandomState,
+    /// `stormgate_session_rejected_total`.
+    rejected: metrics::RefusalCounts,
 }
 
 impl std::fmt::Debug for SessionGuard {
@@ -136,6 +138,7 @@ impl SessionGuard {
                 tool_latency: ToolBaselines::new(),
                 top: Mutex::new(Vec::new()),
                 keys: RandomState::new(),
+                rejected: metrics::RefusalCounts::total(metrics::SESSION_REJECTED),
                 config: Live::new(config),
             }),
         };
