@@ -198,15 +198,24 @@ async fn one(svc: &mut Router, req: Request<Body>) -> Bytes {
 
 /// Panics unless `svc` answers 2 000 calls (spread over the sessions) with the inner result.
 fn assert_admitted(rt: &Runtime, svc: &Router, sessions: &[HeaderValue]) {
+    assert_every_answer(rt, svc, sessions, RESULT, "a call was refused or changed");
+}
+
+/// Panics unless every answer of `svc` to 2 000 calls (spread over the sessions) holds
+/// `expected`.
+fn assert_every_answer(
+    rt: &Runtime,
+    svc: &Router,
+    sessions: &[HeaderValue],
+    expected: &str,
+    otherwise: &str,
+) {
     rt.block_on(async {
         let mut svc = svc.clone();
         for i in 0..2_000 {
             let body = one(&mut svc, request(&sessions[i % sessions.len()])).await;
             let body = String::from_utf8_lossy(&body);
-            assert!(
-                body.contains(RESULT),
-                "a call was refused or changed: {body}"
-            );
+            assert!(body.contains(expected), "{otherwise}: {body}");
         }
     });
 }
@@ -807,17 +816,13 @@ fn refusing(rt: &Runtime, sessions: &[HeaderValue]) -> Router {
 
 /// Panics unless `svc` refuses 2 000 calls (spread over the sessions) as rate limited.
 fn assert_refused(rt: &Runtime, svc: &Router, sessions: &[HeaderValue]) {
-    rt.block_on(async {
-        let mut svc = svc.clone();
-        for i in 0..2_000 {
-            let body = one(&mut svc, request(&sessions[i % sessions.len()])).await;
-            let body = String::from_utf8_lossy(&body);
-            assert!(
-                body.contains("fixed_limit_exceeded"),
-                "a call was not refused: {body}"
-            );
-        }
-    });
+    assert_every_answer(
+        rt,
+        svc,
+        sessions,
+        "fixed_limit_exceeded",
+        "a call was not refused",
+    );
 }
 
 criterion_group! {
